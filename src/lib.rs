@@ -1,0 +1,32 @@
+//! agentrace: a session-affinity proxy, traffic recorder and MLPerf agentic replayer for
+//! OpenAI-compatible LLM inference servers, with a simulated GPU backend for demos and tests.
+//!
+//! # Layout
+//!
+//! Each module is one stage of a data path; a reader finds a step of a request by its name.
+//!
+//! - [`proxy`]: listener → routing (session key, rendezvous affinity) → upstream (pooled
+//!   client, failover) → tap (frame observers); plus health checks and the admin API.
+//! - [`capture`]: the recorder behind the proxy's tap: bounded queue, one writer task,
+//!   delta-encoded zstd segments; and the readers behind `agentrace capture …`.
+//! - [`dataset`]: MLPerf agentic JSONL → validated conversations → per-turn request bodies,
+//!   salting, and the synthetic standard set.
+//! - [`replay`]: scheduler (slots, budget, delays) → client (HTTP, SSE scan) → events log →
+//!   metrics, scorer and report; plus the Pareto sweep.
+//! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
+//! - [`demo`]: composes the above in one process to show what affinity is worth.
+//! - [`cli`], [`shutdown`], [`telemetry`]: process edges shared by every command.
+
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+
+pub mod capture;
+pub mod cli;
+pub mod dataset;
+pub mod demo;
+pub mod http_body;
+pub mod proxy;
+pub mod replay;
+pub mod shutdown;
+pub mod sim;
+pub mod telemetry;

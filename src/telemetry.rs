@@ -1,0 +1,26 @@
+//! Logging set-up: `tracing` to stderr, human-readable or JSON lines.
+
+use clap::ValueEnum;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One readable line per event.
+    Human,
+    /// One JSON object per event, for log shippers.
+    Json,
+}
+
+/// Installs the global subscriber; `RUST_LOG` overrides the default `info` level.
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second init (tests calling into the CLI twice) is harmless: keep the first subscriber.
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
