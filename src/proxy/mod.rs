@@ -130,8 +130,26 @@ fn any_https(config: &ProxyConfig) -> bool {
     config.backends.iter().any(|b| b.url.starts_with("https:"))
 }
 
-/// Validates `config`, binds both listeners and starts serving; resolves once bound.
+/// Validates `config`, binds both listeners and starts serving; resolves once bound. With
+/// `capture.enabled`, the recorder is started and every exchange is reported to it.
 pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, None).await
+}
+
+/// Like [`start`], reporting every exchange to `sink` instead of a recorder (tests, embedding).
+pub async fn start_with_sink(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Arc<dyn ExchangeSink>,
+) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, Some(sink)).await
+}
+
+async fn start_inner(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Option<Arc<dyn ExchangeSink>>,
+) -> Result<ProxyHandle, ProxyError> {
     config.validate()?;
     let tls = config
         .tls
@@ -154,12 +172,12 @@ pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandl
     let addr = local(&tcp, "proxy listener", config.listen)?;
     let admin_addr = local(&admin_tcp, "admin listener", config.admin.listen)?;
 
-    let recorder = if config.capture.enabled {
+    let recorder = if config.capture.enabled && sink.is_none() {
         Some(Recorder::start(&config.capture)?)
     } else {
         None
     };
-    let sink = recorder.as_ref().map(|r| r.sink.clone());
+    let sink = sink.or_else(|| recorder.as_ref().map(|r| r.sink.clone()));
 
     let metrics = ProxyMetrics::new();
     let pool = build_pool(&config, &metrics, None);
