@@ -139,6 +139,43 @@ async fn client_disconnect_cancels_upstream() {
     proxy.shutdown().await;
 }
 
+/// A client that leaves while the backend is still working on the response head: the proxy
+/// drops the upstream request, and the backend sees its connection close.
+#[tokio::test]
+async fn client_disconnect_before_the_response_cancels_upstream() {
+    let backend = TestBackend::spawn_with("slow", Mode::Stall).await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    backend
+        .wait_for("the request to arrive", |c| {
+            c.hits.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    drop(stream);
+    backend
+        .wait_for("the upstream request to be abandoned", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    let state = fetch(
+        &client(),
+        "GET",
+        &proxy.admin_url("/admin/backends"),
+        &[],
+        "",
+    )
+    .await
+    .2;
+    assert!(String::from_utf8_lossy(&state).contains("\"in_flight\":0"));
+    proxy.shutdown().await;
+}
+
 /// A backend that drops the connection before answering: the request is retried on the
 /// session's next choice, the session rebinds there, and the retry is counted.
 #[tokio::test]

@@ -93,7 +93,6 @@ pub struct ProxyHandle {
     inner: Arc<Inner>,
     listener: JoinHandle<()>,
     side_tasks: Vec<JoinHandle<()>>,
-    stop_side: crate::shutdown::Trigger,
 }
 
 fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Pool>) -> Pool {
@@ -204,7 +203,15 @@ async fn start_inner(
         tokio::spawn(admin::serve(admin_tcp, inner.clone(), side_stop.clone())),
         tokio::spawn(housekeeping(inner.clone(), side_stop)),
     ];
-    let listener = tokio::spawn(listener::serve(tcp, tls, inner.clone(), shutdown, grace));
+    // The admin API and health checks keep running through the drain and stop after it, so
+    // dropping the handle without joining leaves a fully working proxy.
+    let listener = tokio::spawn({
+        let inner = inner.clone();
+        async move {
+            listener::serve(tcp, tls, inner, shutdown, grace).await;
+            stop_side.fire();
+        }
+    });
     tracing::info!(%addr, %admin_addr, backends = inner.router.pool().backends.len(), "proxy listening");
     Ok(ProxyHandle {
         addr,
@@ -212,7 +219,6 @@ async fn start_inner(
         inner,
         listener,
         side_tasks,
-        stop_side,
     })
 }
 
@@ -294,7 +300,6 @@ impl ProxyHandle {
         if let Err(e) = self.listener.await {
             tracing::error!(error = %e, "proxy listener task failed");
         }
-        self.stop_side.fire();
         for t in self.side_tasks {
             let _ = t.await;
         }

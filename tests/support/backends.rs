@@ -40,6 +40,9 @@ pub enum Mode {
     Status(u16),
     /// Reads the request, then drops the connection without any response.
     Drop,
+    /// Holds the response until [`TestBackend::release`]; counts a cancellation when the
+    /// request is abandoned first (the connection closed under it).
+    Stall,
 }
 
 /// Shared state of a test backend, read and steered by the test.
@@ -228,6 +231,13 @@ async fn answer(ctl: Arc<Control>, req: Request<Incoming>) -> Result<Response<Te
             ),
         ),
         Mode::Drop => return Err("dropping the connection on demand".into()),
+        Mode::Stall => {
+            let guard = CancelGuard(Some(ctl.clone()));
+            ctl.changed.notify_waiters();
+            ctl.gate.acquire().await.unwrap().forget();
+            drop(guard.disarm());
+            full(StatusCode::OK, "application/json", "{\"stalled\":true}")
+        }
         Mode::Sse {
             events,
             gated,
@@ -280,6 +290,24 @@ fn sse(
         .header("x-backend", name)
         .body(BodyExt::boxed(StreamBody::new(stream)))
         .unwrap()
+}
+
+/// Counts a cancellation if dropped while armed.
+struct CancelGuard(Option<Arc<Control>>);
+
+impl CancelGuard {
+    fn disarm(mut self) -> Self {
+        self.0 = None;
+        self
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(ctl) = self.0.take() {
+            cancelled(&ctl);
+        }
+    }
 }
 
 fn cancelled(ctl: &Control) {
