@@ -191,6 +191,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
     tls: bool,
+    worker: usize,
 ) -> Response<ProxyBody> {
     let started_at = Instant::now();
     let started_unix_ns = std::time::SystemTime::now()
@@ -238,7 +239,7 @@ pub async fn handle(
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
 
     let headers = forward_headers(&parts.headers, &parts.uri, peer, tls);
-    let client = inner.client.read().clone();
+    let client = inner.worker_clients.read()[worker].clone();
     let retries = inner.retries.load(Ordering::Relaxed) as usize;
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = request_received_at.elapsed();
