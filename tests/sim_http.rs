@@ -616,3 +616,62 @@ async fn oracle_answers_recorded_turns_and_falls_back_to_synthetic() {
         .is_object());
     sim.stop().await;
 }
+
+/// The CLI: bad flags exit with the configuration error code and a message naming the field;
+/// a valid command serves every replica on its own port until SIGTERM, then exits cleanly.
+#[test]
+fn cli_rejects_bad_flags_and_serves_until_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let bin = env!("CARGO_BIN_EXE_agentrace");
+    let out = Command::new(bin)
+        .args(["sim", "--time-scale", "0", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("time_scale: must be > 0, got 0"));
+
+    let mut child = Command::new(bin)
+        .args([
+            "--log-format",
+            "json",
+            "sim",
+            "--replicas",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--time-scale",
+            "0.01",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut addrs = Vec::new();
+    while addrs.len() < 2 {
+        let line = lines.next().expect("a log line").unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if let Some(addr) = v["fields"]["addr"].as_str() {
+            addrs.push(addr.to_string());
+        }
+    }
+    assert_ne!(addrs[0], addrs[1]);
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        assert!(
+            resp.contains(&format!("x-inference-pod: sim-{i}")),
+            "{resp}"
+        );
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(child.wait().unwrap().success());
+}
