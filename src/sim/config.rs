@@ -435,12 +435,6 @@ impl SimConfig {
             "must be >= responder.output_tokens_min",
             r.output_tokens_max,
         )?;
-        check(
-            r.kind != ResponderKind::Oracle || r.oracle_dataset.is_some(),
-            "responder.oracle_dataset",
-            "is required when responder.kind is oracle",
-            "none",
-        )?;
         let f = &self.faults;
         check(
             prob(f.fail_rate),
