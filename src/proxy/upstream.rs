@@ -317,11 +317,13 @@ pub async fn handle(
     if let Ok(v) = HeaderValue::from_str(&backend.name) {
         resp_parts.headers.insert("x-agentrace-backend", v);
     }
-    let sse = resp_parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    // An error event can be appended only to a stream without a declared length.
+    let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
+        && resp_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
         let mut observer = sink.start(exchange_start(
