@@ -505,6 +505,12 @@ pub fn response_message(e: &Exchange) -> Option<Value> {
         }
         return Some(Value::Object(out));
     }
+    assistant_from_sse(body)
+}
+
+/// Merges the `choices[0]` deltas of an SSE chat-completions stream into one assistant
+/// message (content and reasoning concatenated, tool calls merged by index).
+pub fn assistant_from_sse(body: &[u8]) -> Option<Value> {
     let text = std::str::from_utf8(body).ok()?;
     let mut content = String::new();
     let mut reasoning = String::new();

@@ -371,3 +371,126 @@ pub fn drive_conversations(sink: &dyn ExchangeSink, convs: &[SampleConversation]
     }
     raw
 }
+
+/// A simulated backend on `127.0.0.1:0`, fast enough for tests.
+pub fn start_sim(shutdown: agentrace::shutdown::Shutdown) -> agentrace::sim::SimCluster {
+    let mut config = agentrace::sim::config::SimConfig {
+        time_scale: 0.001,
+        ..Default::default()
+    };
+    config.responder.output_tokens_max = 48;
+    agentrace::sim::start(config, "127.0.0.1:0".parse().unwrap(), 1, shutdown).unwrap()
+}
+
+/// A proxy on `127.0.0.1:0` in front of `backends`, recording with `capture`.
+pub async fn start_proxy(
+    backends: &[std::net::SocketAddr],
+    capture: Option<CaptureConfig>,
+    shutdown: agentrace::shutdown::Shutdown,
+) -> agentrace::proxy::ProxyHandle {
+    let mut config = agentrace::proxy::ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.shutdown_grace_secs = 5;
+    config.backends = backends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| agentrace::proxy::config::BackendConfig {
+            name: format!("b{i}"),
+            url: format!("http://{a}"),
+            weight: 1.0,
+        })
+        .collect();
+    if let Some(c) = capture {
+        config.capture = c;
+    }
+    agentrace::proxy::start(config, shutdown).await.unwrap()
+}
+
+/// A plain HTTP/1.1 client.
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
+/// A new client.
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// Sends a POST and returns the status and every body frame as it arrived.
+pub async fn post(
+    client: &Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (u16, Vec<Bytes>) {
+    use http_body_util::BodyExt;
+    let mut req = http::Request::post(url).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(
+            req.body(http_body_util::Full::new(Bytes::from(body)))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            frames.push(data);
+        }
+    }
+    (status, frames)
+}
+
+/// Runs an agent-like session of `turns` through `url`: every turn resends the history plus
+/// the reply it got (as the reference sends assistant messages) and a tool result or a user
+/// message. Returns the request bodies sent and the response bytes received.
+pub async fn agent_session(
+    client: &Client,
+    url: &str,
+    session: &str,
+    turns: usize,
+    extra_headers: &[(&str, &str)],
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    use serde_json::{json, Value};
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the bash tool."}),
+        json!({"role": "user", "content": format!("Session {session}: make the tests pass.")}),
+    ];
+    let mut bodies = Vec::new();
+    let mut replies = Vec::new();
+    for turn in 0..turns {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": messages,
+            "max_completion_tokens": 48, "stream": true}))
+        .unwrap();
+        let mut headers = vec![("x-session-id", session)];
+        headers.extend_from_slice(extra_headers);
+        let (status, frames) = post(client, url, &headers, body.clone()).await;
+        assert_eq!(status, 200, "turn {turn}");
+        let bytes = frames.concat();
+        let reply = agentrace::capture::export::assistant_from_sse(&bytes).unwrap();
+        bodies.push(body);
+        replies.push(bytes);
+        let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
+        messages.push(reply);
+        match calls {
+            Some(calls) => {
+                for c in calls {
+                    messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
+                }
+            }
+            None => messages.push(
+                json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}),
+            ),
+        }
+    }
+    (bodies, replies)
+}
