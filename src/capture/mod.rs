@@ -94,42 +94,40 @@ impl CaptureConfig {
     /// Checks the section; the message names the field and the value.
     pub fn validate(&self) -> Result<(), String> {
         if self.dir.as_os_str().is_empty() {
-            return Err("capture.dir: must not be empty".into());
+            return Err("dir: must not be empty".into());
         }
         if self.queue_capacity == 0 {
-            return Err("capture.queue_capacity: must be >= 1, got 0".into());
+            return Err("queue_capacity: must be >= 1, got 0".into());
         }
         if self.memory_bound_bytes < 1024 {
             return Err(format!(
-                "capture.memory_bound_bytes: must be >= 1024, got {}",
+                "memory_bound_bytes: must be >= 1024, got {}",
                 self.memory_bound_bytes
             ));
         }
         if self.flush_interval_ms == 0 || self.flush_interval_ms > 60_000 {
             return Err(format!(
-                "capture.flush_interval_ms: must be in 1..=60000, got {}",
+                "flush_interval_ms: must be in 1..=60000, got {}",
                 self.flush_interval_ms
             ));
         }
         if self.rotate_bytes < 4096 {
             return Err(format!(
-                "capture.rotate_bytes: must be >= 4096, got {}",
+                "rotate_bytes: must be >= 4096, got {}",
                 self.rotate_bytes
             ));
         }
         if self.rotate_age_s == 0 {
-            return Err("capture.rotate_age_s: must be >= 1, got 0".into());
+            return Err("rotate_age_s: must be >= 1, got 0".into());
         }
         for name in &self.redact_headers {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!(
-                    "capture.redact_headers: not a header name: {name:?}"
-                ));
+                return Err(format!("redact_headers: not a header name: {name:?}"));
             }
         }
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!(
-                "capture.zstd_level: must be in 1..=19, got {}",
+                "zstd_level: must be in 1..=19, got {}",
                 self.zstd_level
             ));
         }
