@@ -63,13 +63,21 @@ fn partial_repeat_counts_issued_turns_and_scores_0_6667() {
         issued("w1", "sim_000001", 1),
         complete("w1", "sim_000001", 1, Value::Null),
         issued("a2", "django__django-1__repeat_2", 1),
-        complete("a2", "django__django-1__repeat_2", 1, bash_output("cd /t && grep y z")),
+        complete(
+            "a2",
+            "django__django-1__repeat_2",
+            1,
+            bash_output("cd /t && grep y z"),
+        ),
     ]);
     let s = scorer::score_events(ev.path(), &ds).unwrap();
     assert_eq!(s.score, Some(0.6667));
     assert_eq!(s.repeats, 2);
     let j = &s.json;
-    assert_eq!(j["turns"], json!({"issued":3,"expected":3,"observed":2,"missing":1,"scored":3}));
+    assert_eq!(
+        j["turns"],
+        json!({"issued":3,"expected":3,"observed":2,"missing":1,"scored":3})
+    );
     assert_eq!(j["domains"]["coding"], json!({"score":1.0,"scored":2}));
     assert_eq!(j["domains"]["workflow"], json!({"score":0.0,"scored":1}));
     let rows = j["per_turn"].as_array().unwrap();
@@ -94,20 +102,36 @@ fn unscorable_turns_are_excluded_and_partial_matches_score_fractionally() {
     let ds = dataset(vec![coding, workflow_conv("sim_000002", &["I058"])]);
     let ev = write_events(&[
         issued("t1", "astropy__astropy-1", 1),
-        complete("t1", "astropy__astropy-1", 1, bash_output("grep a b | grep c | head")),
+        complete(
+            "t1",
+            "astropy__astropy-1",
+            1,
+            bash_output("grep a b | grep c | head"),
+        ),
         issued("t2", "astropy__astropy-1", 3),
         complete("t2", "astropy__astropy-1", 3, bash_output("ls")),
         issued("t3", "astropy__astropy-1", 5),
         complete("t3", "astropy__astropy-1", 5, bash_output("ls")),
         issued("w", "sim_000002", 1),
-        complete("w", "sim_000002", 1, json!(["TextModelOutput", "Done. INTENT: i058", null, null])),
+        complete(
+            "w",
+            "sim_000002",
+            1,
+            json!(["TextModelOutput", "Done. INTENT: i058", null, null]),
+        ),
     ]);
     let s = scorer::score_events(ev.path(), &ds).unwrap();
     // coding: gt [grep, head] vs model [grep, grep, head] → 2/3; workflow 1.0 → (0.6667+1)/2
     assert_eq!(s.json["per_turn"][0]["score"], 0.6667);
-    assert_eq!(s.json["per_turn"][0]["model_actions"], json!(["grep", "grep", "head"]));
+    assert_eq!(
+        s.json["per_turn"][0]["model_actions"],
+        json!(["grep", "grep", "head"])
+    );
     assert_eq!(s.score, Some(0.8334));
-    assert_eq!(s.json["turns"]["issued"], 3, "the turn with no assistant row is not counted");
+    assert_eq!(
+        s.json["turns"]["issued"], 3,
+        "the turn with no assistant row is not counted"
+    );
     assert_eq!(s.json["turns"]["expected"], 2);
     assert_eq!(
         s.json["excluded_turns"],
@@ -136,14 +160,21 @@ async fn replay_scores_inline_and_reports_the_gate() {
         cfg.accuracy_threshold = Some(0.5);
         cfg.osl_band = Some([0.0, 1000.0]);
         let out = tempfile::tempdir().unwrap();
-        let s = replay::run(cfg, ds, out.path(), no_shutdown()).await.unwrap();
+        let s = replay::run(cfg, ds, out.path(), no_shutdown())
+            .await
+            .unwrap();
         assert_eq!(s.accuracy, Some(expect));
         assert_eq!(s.gates_pass, pass);
         let scores: Value =
-            serde_json::from_slice(&std::fs::read(out.path().join("scores.json")).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(out.path().join("scores.json")).unwrap())
+                .unwrap();
         assert_eq!(scores["turns"]["observed"], 5);
         let report = std::fs::read_to_string(out.path().join("report.txt")).unwrap();
-        let line = if pass { "PASS  inline_accuracy" } else { "FAIL  inline_accuracy" };
+        let line = if pass {
+            "PASS  inline_accuracy"
+        } else {
+            "FAIL  inline_accuracy"
+        };
         assert!(report.contains(line), "{report}");
     }
 }
