@@ -1,0 +1,1 @@
+//! Turns a capture into an MLPerf agentic dataset.

@@ -1,0 +1,1 @@
+//! Open-loop replay of captured requests at their recorded start times.
