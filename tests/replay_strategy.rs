@@ -481,6 +481,46 @@ async fn warmup_trajectories_run_first_and_are_excluded() {
         .all(|e| !e["conversation_id"].as_str().unwrap().contains("warmup")));
 }
 
+// --log-chunks: one `sample.recv_non_first` per streamed delta after the first, stamped in
+// order between RECV_FIRST and COMPLETE; without it, none.
+#[tokio::test]
+async fn log_chunks_records_every_later_chunk_in_time_order() {
+    let srv = start(|_| Plan {
+        content: vec!["a".into(), "b".into(), "c".into(), "d".into()],
+        gap: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    for log_chunks in [false, true] {
+        let mut cfg = config(&srv.url(), 1);
+        cfg.log_chunks = log_chunks;
+        let out = tempfile::tempdir().unwrap();
+        replay::run(
+            cfg,
+            dataset(vec![conversation("a", 2, &[], "ls")]),
+            out.path(),
+            no_shutdown(),
+        )
+        .await
+        .unwrap();
+        let ev = events(out.path());
+        let later = of_type(&ev, "sample.recv_non_first");
+        assert_eq!(later.len(), if log_chunks { 6 } else { 0 });
+        for c in of_type(&ev, "sample.complete") {
+            let uuid = &c["sample_uuid"];
+            let ts: Vec<u64> = ev
+                .iter()
+                .filter(|e| &e["sample_uuid"] == uuid)
+                .map(|e| e["timestamp_ns"].as_u64().unwrap())
+                .collect();
+            assert!(
+                ts.windows(2).all(|w| w[0] <= w[1]),
+                "records of a sample out of time order"
+            );
+        }
+    }
+}
+
 // Usage absent: token counts are estimated and labelled so in the summary and the report.
 #[tokio::test]
 async fn missing_usage_is_estimated_and_labelled() {
