@@ -42,7 +42,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub time_scale: Option<f64>,
     /// Concurrencies of the Pareto sweep, comma-separated; empty to skip
-    /// [default: 1,4,16,32, quick: 2,12].
+    /// [default: 1,4,16,32, quick: 4,12].
     #[arg(long)]
     pub sweep: Option<String>,
     /// MLPerf agentic dataset to draw from [default: the standard set, generated on first use].
@@ -73,7 +73,7 @@ impl Plan {
         };
         let sweep = match &args.sweep {
             Some(list) => parse_list(list)?,
-            None if args.quick => vec![2, 12],
+            None if args.quick => vec![4, 12],
             None => vec![1, 4, 16, 32],
         };
         let plan = Plan {
