@@ -111,7 +111,7 @@ impl fmt::Display for ValidationError {
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: String,
