@@ -64,7 +64,14 @@ pub fn write_file(path: &Path, opts: &SynthOptions) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per writer, so concurrent first uses (processes or threads) never share a file;
+    // they all rename the same bytes into place.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let tmp = path.with_extension(format!("tmp.{}.{thread}.{nanos}", std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let file = File::create(&tmp)?;
         if super::load::is_zstd(path) {
