@@ -1,12 +1,155 @@
 //! `agentrace sim`: flags and the glue that starts the simulated replicas.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Flags of `agentrace sim`.
+use super::config::{MidStreamFault, ResponderKind, SimConfig};
+
+/// Flags of `agentrace sim`; each one wins over the same field of `--config`.
 #[derive(Debug, clap::Args)]
-pub struct SimArgs {}
+pub struct SimArgs {
+    /// Number of independent replicas, on consecutive ports.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// Address of the first replica (port 0: an ephemeral port per replica).
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    pub listen: SocketAddr,
+    /// Where the configuration comes from and what the flags override (boxed: the
+    /// subcommand enum stays small).
+    #[command(flatten)]
+    pub settings: Box<SimSettings>,
+}
+
+/// Profile, config file and per-field overrides of `agentrace sim`.
+#[derive(Debug, clap::Args)]
+pub struct SimSettings {
+    /// Hardware profile: h100-qwen3-30b-a3b-bf16 (default) or h200-qwen3-30b-a3b-fp8.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// TOML file with any SimConfig field (its `profile` is the base).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Real seconds per simulated second (0.01 = 100× faster than real time).
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    /// Seed of every random choice.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Model id served.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// KV capacity per replica in blocks of 16 tokens.
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
+    /// Who writes replies.
+    #[arg(long, value_enum)]
+    pub responder: Option<ResponderKind>,
+    /// MLPerf agentic dataset for the oracle responder (implies `--responder oracle`).
+    #[arg(long)]
+    pub oracle_dataset: Option<PathBuf>,
+    /// Probability that the oracle gives the recorded answer.
+    #[arg(long)]
+    pub oracle_accuracy: Option<f64>,
+    /// Probability of HTTP 500 before the first token.
+    #[arg(long)]
+    pub fail_rate: Option<f64>,
+    /// Probability of a stream cut after some tokens.
+    #[arg(long)]
+    pub fail_mid_stream_rate: Option<f64>,
+    /// How a mid-stream cut shows.
+    #[arg(long, value_enum)]
+    pub mid_stream: Option<MidStreamFault>,
+    /// Probability that a request never gets an answer.
+    #[arg(long)]
+    pub hang_rate: Option<f64>,
+    /// Waiting-queue bound (503 with Retry-After beyond it); 0 = unbounded.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// One JSON line per request: arrival, queue wait, tokens, first token, finish.
+    #[arg(long)]
+    pub trace_log: Option<PathBuf>,
+}
+
+impl SimSettings {
+    /// The configuration these flags describe.
+    pub fn to_config(&self) -> anyhow::Result<SimConfig> {
+        let mut cfg = match (&self.config, &self.profile) {
+            (Some(path), profile) => {
+                let mut cfg = SimConfig::from_file(path)?;
+                if let Some(p) = profile {
+                    let base = SimConfig::from_profile(p)?;
+                    cfg.engine = base.engine;
+                    cfg.profile = base.profile;
+                }
+                cfg
+            }
+            (None, Some(p)) => SimConfig::from_profile(p)?,
+            (None, None) => SimConfig::default(),
+        };
+        macro_rules! set {
+            ($flag:expr => $($field:tt)+) => {
+                if let Some(v) = $flag.clone() {
+                    cfg.$($field)+ = v;
+                }
+            };
+        }
+        set!(self.time_scale => time_scale);
+        set!(self.seed => seed);
+        set!(self.model => model);
+        set!(self.num_gpu_blocks => engine.num_gpu_blocks);
+        set!(self.responder => responder.kind);
+        set!(self.oracle_accuracy => responder.oracle_accuracy);
+        set!(self.fail_rate => faults.fail_rate);
+        set!(self.fail_mid_stream_rate => faults.fail_mid_stream_rate);
+        set!(self.mid_stream => faults.mid_stream);
+        set!(self.hang_rate => faults.hang_rate);
+        set!(self.max_queue => faults.max_queue);
+        if let Some(p) = &self.oracle_dataset {
+            cfg.responder.oracle_dataset = Some(p.clone());
+            if self.responder.is_none() {
+                cfg.responder.kind = ResponderKind::Oracle;
+            }
+        }
+        if let Some(p) = &self.trace_log {
+            cfg.trace_log = Some(p.clone());
+        }
+        Ok(cfg)
+    }
+}
 
 /// Runs the simulated replicas until a shutdown signal.
-pub async fn run(_args: SimArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agentrace sim is not available yet")
+pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
+    if args.replicas == 0 {
+        eprintln!("error: --replicas: must be >= 1, got 0");
+        return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+    }
+    let config = match args
+        .settings
+        .to_config()
+        .and_then(|c| c.validate().map(|()| c).map_err(Into::into))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+        }
+    };
+    let (trigger, shutdown) = crate::shutdown::channel();
+    let cluster = match super::start(config.clone(), args.listen, args.replicas, shutdown) {
+        Ok(c) => c,
+        Err(e @ (super::SimError::Config(_) | super::SimError::OracleMissing)) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (name, addr) in cluster.replica_names().iter().zip(cluster.addrs()) {
+        tracing::info!(replica = %name, %addr, profile = %config.profile, time_scale = config.time_scale, "simulated replica listening");
+    }
+    crate::shutdown::signal().await;
+    tracing::info!("shutting down");
+    trigger.fire();
+    cluster.join().await;
+    Ok(ExitCode::SUCCESS)
 }
