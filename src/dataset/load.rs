@@ -111,7 +111,7 @@ impl fmt::Display for ValidationError {
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: String,
@@ -796,6 +796,13 @@ pub(crate) const REQUEST_KEYS: &[&str] = &[
 /// Turns a validated, turn-sorted group into its history and client turns (§3, §4).
 fn build_conversation(group: Group) -> Conversation {
     let rows = group.rows;
+    if rows.is_empty() {
+        return Conversation {
+            id: group.id,
+            messages: Vec::new(),
+            client_turns: Vec::new(),
+        };
+    }
     let mut messages: Vec<HistoryMessage> = Vec::with_capacity(rows.len() + 4);
     if let Some(system) = rows.iter().find_map(|r| {
         r.get("system")

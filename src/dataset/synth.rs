@@ -21,8 +21,8 @@ pub const STANDARD_SET_PATH: &str = "datasets/mlperf-agentic-990.jsonl.zst";
 /// The seed of the standard set.
 pub const DEFAULT_SEED: u64 = 990;
 
-/// The zstd level of the standard set (fast to write, about 8× smaller).
-pub const ZSTD_LEVEL: i32 = 6;
+/// The zstd level of the standard set: zstd's default, fast to write and about 7× smaller.
+pub const ZSTD_LEVEL: i32 = 3;
 
 /// Bytes per estimated token: the estimate used throughout (`bytes / 4`).
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -64,7 +64,14 @@ pub fn write_file(path: &Path, opts: &SynthOptions) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per writer, so concurrent first uses (processes or threads) never share a file;
+    // they all rename the same bytes into place.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let tmp = path.with_extension(format!("tmp.{}.{thread}.{nanos}", std::process::id()));
     let result = (|| -> std::io::Result<()> {
         let file = File::create(&tmp)?;
         if super::load::is_zstd(path) {
@@ -760,8 +767,9 @@ fn coding_user_prompt(rng: &mut Rng, p: &Project) -> String {
         ])
     );
     s.push_str("Description\n\t\n");
-    // Issue bodies: most are short, some paste long tracebacks (sample: 4.7–14.7 K chars).
-    let body = (rng.lognormal(900.0, 0.9) as usize).clamp(150, 9000);
+    // Issue bodies: log-normal around 2 K chars, so with the instructions the prompt
+    // matches the sample (4.7–14.7 K chars, median 6 K).
+    let body = (rng.lognormal(2_000.0, 0.6) as usize).clamp(800, 10_000);
     let start = s.len();
     while s.len() - start < body {
         if rng.chance(0.25) {
