@@ -359,7 +359,7 @@ impl SimThread {
                 // Effectively no pacing: every simulated sleep is ~0 real time, so only the
                 // simulator's own work is measured.
                 let mut cfg = SimConfig {
-                    time_scale: 1e-9,
+                    time_scale: 1e-6,
                     ..SimConfig::default()
                 };
                 cfg.engine.num_gpu_blocks = 50_000;
