@@ -1,10 +1,23 @@
 //! The recorder: turns what the proxy's tap reports into compact, crash-safe trajectory
 //! files, and reads them back for `agentrace capture …` and replay.
+//!
+//! Stages: `sink` (the tap's observers: small records and `Bytes` clones into a bounded
+//! queue) → `writer` (one thread: per-session delta encoding, zstd segments, flush, rotation)
+//! → files described by `format`; `reader` recovers them, `export` turns them into an MLPerf
+//! agentic dataset, `open_loop` replays them at their recorded times, `cli` is the command.
 
 pub mod cli;
+pub mod export;
+pub mod format;
+pub mod open_loop;
+pub mod reader;
+pub mod sink;
+pub mod writer;
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::proxy::tap::ExchangeSink;
 
@@ -18,6 +31,16 @@ pub enum FullPolicy {
     Drop,
 }
 
+/// Headers whose values are never stored, only their hash (case-insensitive names).
+pub const DEFAULT_REDACTED_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "api-key",
+    "x-api-key",
+    "cookie",
+    "set-cookie",
+];
+
 /// The proxy's `[capture]` section.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -26,6 +49,25 @@ pub struct CaptureConfig {
     pub enabled: bool,
     /// Directory the segment files go to.
     pub dir: PathBuf,
+    /// Records (exchanges) the queue between the proxy and the writer holds.
+    pub queue_capacity: usize,
+    /// Bytes of request and response bodies the recorder may hold at once (in flight and
+    /// queued); beyond it records are dropped whatever the policy.
+    pub memory_bound_bytes: u64,
+    /// What a full queue does: `drop` at once, or `block` the forwarding call for room while
+    /// the memory bound allows.
+    pub full_policy: FullPolicy,
+    /// Longest time written data stays in memory before it reaches the file (milliseconds);
+    /// a killed proxy loses at most this much.
+    pub flush_interval_ms: u64,
+    /// A segment is closed and a new one started past this many stored bytes.
+    pub rotate_bytes: u64,
+    /// … or past this age (seconds).
+    pub rotate_age_s: u64,
+    /// Header names stored as `REDACTED-<first 16 hex of sha256>` (case-insensitive).
+    pub redact_headers: Vec<String>,
+    /// zstd level of the segments (1–19).
+    pub zstd_level: i32,
 }
 
 impl Default for CaptureConfig {
@@ -33,6 +75,17 @@ impl Default for CaptureConfig {
         Self {
             enabled: false,
             dir: PathBuf::from("captures"),
+            queue_capacity: 4096,
+            memory_bound_bytes: 256 * 1024 * 1024,
+            full_policy: FullPolicy::Drop,
+            flush_interval_ms: 1000,
+            rotate_bytes: 256 * 1024 * 1024,
+            rotate_age_s: 3600,
+            redact_headers: DEFAULT_REDACTED_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            zstd_level: 3,
         }
     }
 }
@@ -40,7 +93,50 @@ impl Default for CaptureConfig {
 impl CaptureConfig {
     /// Checks the section; the message names the field and the value.
     pub fn validate(&self) -> Result<(), String> {
+        if self.dir.as_os_str().is_empty() {
+            return Err("dir: must not be empty".into());
+        }
+        if self.queue_capacity == 0 {
+            return Err("queue_capacity: must be >= 1, got 0".into());
+        }
+        if self.memory_bound_bytes < 1024 {
+            return Err(format!(
+                "memory_bound_bytes: must be >= 1024, got {}",
+                self.memory_bound_bytes
+            ));
+        }
+        if self.flush_interval_ms == 0 || self.flush_interval_ms > 60_000 {
+            return Err(format!(
+                "flush_interval_ms: must be in 1..=60000, got {}",
+                self.flush_interval_ms
+            ));
+        }
+        if self.rotate_bytes < 4096 {
+            return Err(format!(
+                "rotate_bytes: must be >= 4096, got {}",
+                self.rotate_bytes
+            ));
+        }
+        if self.rotate_age_s == 0 {
+            return Err("rotate_age_s: must be >= 1, got 0".into());
+        }
+        for name in &self.redact_headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!("redact_headers: not a header name: {name:?}"));
+            }
+        }
+        if !(1..=19).contains(&self.zstd_level) {
+            return Err(format!(
+                "zstd_level: must be in 1..=19, got {}",
+                self.zstd_level
+            ));
+        }
         Ok(())
+    }
+
+    /// The flush interval as a duration.
+    pub fn flush_interval(&self) -> Duration {
+        Duration::from_millis(self.flush_interval_ms)
     }
 }
 
@@ -59,31 +155,99 @@ pub struct RecorderStats {
     pub bytes_stored: u64,
 }
 
-/// Why the recorder could not start.
+/// Why the recorder could not start, or a capture could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     /// Recording is not available in this build.
     #[error("capture is not available yet")]
     Unavailable,
+    /// The `[capture]` section is invalid.
+    #[error("{0}")]
+    Config(String),
+    /// A file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A capture file holds something that is not a valid record.
+    #[error("{path}: record {record}: {message}")]
+    Format {
+        /// The segment.
+        path: String,
+        /// 1-based record (line) number in the decompressed segment.
+        record: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// The writer thread could not be started.
+    #[error("cannot start the capture writer: {0}")]
+    Spawn(std::io::Error),
+    /// A bad argument to a capture command.
+    #[error("{0}")]
+    Invalid(String),
+    /// An HTTP client failure outside any one request (open-loop replay set-up).
+    #[error("{0}")]
+    Http(String),
+}
+
+impl CaptureError {
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        CaptureError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
 }
 
 /// A running recorder: hand `sink` to the proxy; `finish` drains the queue and closes files.
 pub struct Recorder {
     /// What the proxy reports exchanges to.
     pub sink: Arc<dyn ExchangeSink>,
+    shared: Arc<sink::Shared>,
+    writer: writer::WriterHandle,
 }
 
 impl Recorder {
-    /// Starts the writer task for `config`.
-    pub fn start(_config: &CaptureConfig) -> Result<Recorder, CaptureError> {
-        Err(CaptureError::Unavailable)
+    /// Starts the writer thread for `config`. An unwritable directory does not fail here:
+    /// the writer counts and logs every failed write and keeps retrying, so the proxy keeps
+    /// forwarding.
+    pub fn start(config: &CaptureConfig) -> Result<Recorder, CaptureError> {
+        config.validate().map_err(CaptureError::Config)?;
+        let (queue, rx) = sink::queue(config);
+        let shared = queue.shared.clone();
+        let writer = writer::spawn(config.clone(), rx, shared.clone())?;
+        Ok(Recorder {
+            sink: Arc::new(sink::RecorderSink::new(config, queue)),
+            shared,
+            writer,
+        })
     }
 
     /// Current counters.
     pub fn stats(&self) -> RecorderStats {
-        RecorderStats::default()
+        let c = &self.shared.counters;
+        RecorderStats {
+            records_written: c.records_written.load(Ordering::Relaxed),
+            records_dropped: c.records_dropped.load(Ordering::Relaxed),
+            write_errors: c.write_errors.load(Ordering::Relaxed),
+            bytes_raw: c.bytes_raw.load(Ordering::Relaxed),
+            bytes_stored: c.bytes_stored.load(Ordering::Relaxed),
+        }
     }
 
-    /// Drains the queue, finishes the compression frame and closes the segment.
-    pub async fn finish(self) {}
+    /// Drains the queue, finishes the compression frame and closes the segment. Exchanges
+    /// still in flight (their observer not yet ended) are not waited for.
+    pub async fn finish(self) {
+        let Recorder {
+            sink,
+            shared,
+            writer,
+        } = self;
+        drop(sink);
+        shared.close_async().await;
+        writer.join().await;
+    }
 }

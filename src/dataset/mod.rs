@@ -70,8 +70,11 @@ pub struct ClientTurn {
     pub history_len: usize,
     /// Pause before issuing this turn when delays are injected (seconds; 0 when none).
     pub delay_seconds: f64,
-    /// Per-row request fields that win over the model preset (already propagated from the
-    /// first user row where the reference propagates), in the reference's field order.
+    /// Per-row request fields that win over the model preset, in the reference's field order
+    /// (already propagated from the first user row where the reference propagates:
+    /// `max_new_tokens` and a `stream: true`). `tools` is stored once, on the conversation's
+    /// first turn; [`Conversation::request_field`] resolves it for later turns. Never holds
+    /// `tool_results`, `tool_calls`, `delay_seconds` or bookkeeping keys.
     pub overrides: serde_json::Map<String, serde_json::Value>,
     /// The recorded assistant row that follows this turn: the scorer's ground truth.
     pub expected: Option<ExpectedReply>,
@@ -95,8 +98,98 @@ pub struct ExpectedReply {
 pub mod load;
 pub mod request;
 pub mod salt;
+pub mod snapshot;
+pub mod stats;
 pub mod synth;
 
-pub use load::{load, DatasetError, LoadOptions};
-pub use request::{ModelParams, RequestBuilder};
+pub use load::{load, load_reader, DatasetError, LoadOptions, Rule, ValidationError};
+pub use request::{ModelParams, RequestBuilder, PRESETS};
 pub use salt::Salt;
+
+impl Dataset {
+    /// Client turns (requests) in one pass over the dataset.
+    pub fn client_turn_count(&self) -> usize {
+        self.conversations
+            .iter()
+            .map(|c| c.client_turns.len())
+            .sum()
+    }
+
+    /// The conversation with this id, if any.
+    pub fn conversation(&self, id: &str) -> Option<&Arc<Conversation>> {
+        self.conversations.iter().find(|c| c.id == id)
+    }
+
+    /// The reference's salting pre-flight: with salting on, every client turn's history
+    /// must hold a system message, otherwise nothing may be issued.
+    pub fn check_salt_preflight(&self) -> Result<(), DatasetError> {
+        for conv in &self.conversations {
+            let has_system = conv.messages.first().map(|m| m.role) == Some(Role::System);
+            if let (false, Some(turn)) = (has_system, conv.client_turns.first()) {
+                return Err(DatasetError::SaltWithoutSystemPrompt {
+                    conversation_id: conv.id.clone(),
+                    turn: turn.turn,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Conversation {
+    /// The inline scorer's domain: `workflow` iff the id matches `^sim_\d+$`.
+    pub fn domain(&self) -> Domain {
+        Domain::of(&self.id)
+    }
+
+    /// The request field `key` of `turn` as the reference resolves it from the rows: the
+    /// turn's own value, else for `tools` the first user row's (stored once per conversation).
+    pub fn request_field<'a>(
+        &'a self,
+        turn: &'a ClientTurn,
+        key: &str,
+    ) -> Option<&'a serde_json::Value> {
+        turn.overrides.get(key).or_else(|| {
+            (key == "tools")
+                .then(|| self.client_turns.first()?.overrides.get("tools"))
+                .flatten()
+        })
+    }
+
+    /// The system prompt, when the conversation has one.
+    pub fn system_prompt(&self) -> Option<String> {
+        let first = self.messages.first().filter(|m| m.role == Role::System)?;
+        let v: serde_json::Value = serde_json::from_str(first.wire.get()).ok()?;
+        v.get("content")?.as_str().map(str::to_string)
+    }
+}
+
+/// The two kinds of MLPerf agentic trajectories, told apart by id as the scorer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Domain {
+    /// SWE-bench style coding traces.
+    Coding,
+    /// `sim_NNNNNN` workflow traces.
+    Workflow,
+}
+
+impl Domain {
+    /// The domain of a source conversation id.
+    pub fn of(id: &str) -> Domain {
+        match id.strip_prefix("sim_") {
+            Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                Domain::Workflow
+            }
+            _ => Domain::Coding,
+        }
+    }
+
+    /// `coding` or `workflow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Domain::Coding => "coding",
+            Domain::Workflow => "workflow",
+        }
+    }
+}

@@ -1,12 +1,162 @@
-//! `agentrace proxy`: flags and the glue that starts the proxy.
+//! `agentrace proxy`: flags, config loading, signals (SIGINT/SIGTERM stop, SIGHUP reloads).
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use super::config::{BackendConfig, Policy, ProxyConfig};
+use crate::cli::EXIT_CONFIG;
 
 /// Flags of `agentrace proxy`.
 #[derive(Debug, clap::Args)]
-pub struct ProxyArgs {}
+pub struct ProxyArgs {
+    /// TOML config file (see config/proxy.toml); SIGHUP re-reads it.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Listen address (overrides the file).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Admin/metrics listen address (overrides the file).
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// A backend URL, repeatable; `name=URL` names it, otherwise its host:port is the name.
+    /// Replaces the file's backends.
+    #[arg(long = "backend", value_name = "[NAME=]URL")]
+    pub backends: Vec<String>,
+    /// Placement policy (overrides the file).
+    #[arg(long, value_parser = parse_policy)]
+    pub policy: Option<Policy>,
+    /// Record traffic into this directory (turns `[capture]` on).
+    #[arg(long, value_name = "DIR")]
+    pub capture: Option<PathBuf>,
+}
 
-/// Runs the proxy until a shutdown signal.
-pub async fn run(_args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agentrace proxy is not available yet")
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s {
+        "session" => Ok(Policy::Session),
+        "round_robin" => Ok(Policy::RoundRobin),
+        "least_loaded" => Ok(Policy::LeastLoaded),
+        other => Err(format!(
+            "expected session, round_robin or least_loaded, got {other:?}"
+        )),
+    }
+}
+
+/// The effective configuration: the file (or defaults) with the flags on top, validated.
+pub fn effective_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
+    let mut config = match &args.config {
+        Some(path) => ProxyConfig::load(path)?,
+        None => ProxyConfig::default(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(admin) = args.admin_listen {
+        config.admin.listen = admin;
+    }
+    if !args.backends.is_empty() {
+        config.backends = args
+            .backends
+            .iter()
+            .map(|spec| backend_from_flag(spec))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(policy) = args.policy {
+        config.affinity.policy = policy;
+    }
+    if let Some(dir) = &args.capture {
+        config.capture.enabled = true;
+        config.capture.dir = dir.clone();
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn backend_from_flag(spec: &str) -> anyhow::Result<BackendConfig> {
+    let (name, url) = match spec.split_once('=') {
+        Some((name, url)) if !name.contains("://") => (name.to_string(), url.to_string()),
+        _ => {
+            let parsed = super::config::BackendUrl::parse(spec)
+                .map_err(|why| anyhow::anyhow!("--backend {spec:?}: {why}"))?;
+            (parsed.authority.to_string(), spec.to_string())
+        }
+    };
+    Ok(BackendConfig {
+        name,
+        url,
+        weight: 1.0,
+    })
+}
+
+/// Runs the proxy until SIGINT/SIGTERM; exit code 2 for a bad configuration.
+pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    let config = match effective_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    // Install the SIGHUP handler before announcing the addresses: an early SIGHUP must reload,
+    // not kill the process.
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot install the SIGHUP handler")?;
+    let (trigger, shutdown) = crate::shutdown::channel();
+    let handle = match super::start(config, shutdown).await {
+        Ok(h) => h,
+        Err(e) if e.is_config() => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "agentrace proxy listening on {} (admin {})",
+        handle.addr, handle.admin_addr
+    );
+
+    let stop = crate::shutdown::signal();
+    tokio::pin!(stop);
+    loop {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = &mut stop => break,
+                _ = hangup.recv() => reload(&args, &handle),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            (&mut stop).await;
+            break;
+        }
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+    trigger.fire();
+    handle.join().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn reload(args: &ProxyArgs, handle: &super::ProxyHandle) {
+    if args.config.is_none() {
+        tracing::warn!("SIGHUP ignored: no --config file to reload");
+        return;
+    }
+    let config = match effective_config(args) {
+        Ok(c) => c,
+        Err(e) => {
+            handle.note_refused_reload();
+            tracing::error!(error = %format!("{e:#}"), "configuration reload refused; keeping the running configuration");
+            return;
+        }
+    };
+    match handle.reload(config) {
+        Ok(()) => tracing::info!(backends = ?handle.backend_names(), "configuration reloaded"),
+        Err(e) => {
+            tracing::error!(error = %e, "configuration reload refused; keeping the running configuration")
+        }
+    }
 }

@@ -2,7 +2,311 @@
 //!
 //! Stages: `listener` (accept, TLS) → `routing` (session key, rendezvous pick, bindings) →
 //! `upstream` (pooled client, failover) → `tap` (frame observers for the recorder);
-//! `health` and `admin` run beside them.
+//! `health` and `admin` (with `metrics`) run beside them.
 
+pub mod admin;
 pub mod cli;
+pub mod config;
+pub mod health;
+pub mod listener;
+pub mod metrics;
+pub mod routing;
 pub mod tap;
+pub mod upstream;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::task::JoinHandle;
+
+pub use config::{ConfigError, Policy, ProxyConfig};
+
+use crate::capture::{CaptureError, Recorder};
+use crate::shutdown::Shutdown;
+use metrics::ProxyMetrics;
+use routing::{AffinitySettings, Backend, Pool, Router};
+use tap::ExchangeSink;
+use upstream::UpstreamClient;
+
+/// Why the proxy could not start (or a reload was refused).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The configuration is invalid.
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    /// A TLS file is missing or unusable.
+    #[error("TLS file {}: {reason}", file.display())]
+    Tls {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The recorder could not start.
+    #[error("capture: {0}")]
+    Capture(#[from] CaptureError),
+    /// Anything else (a library refused a setting).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ProxyError {
+    /// True for errors in what the user supplied (exit code 2), as opposed to the environment.
+    pub fn is_config(&self) -> bool {
+        matches!(self, ProxyError::Config(_) | ProxyError::Tls { .. })
+    }
+}
+
+/// State shared by the listener, the health checker and the admin API.
+pub struct Inner {
+    router: Router,
+    client: RwLock<UpstreamClient>,
+    metrics: ProxyMetrics,
+    sink: Option<Arc<dyn ExchangeSink>>,
+    recorder: Mutex<Option<Recorder>>,
+    max_request_body: u64,
+    retries: AtomicU32,
+    config: Mutex<ProxyConfig>,
+}
+
+/// A running proxy.
+pub struct ProxyHandle {
+    /// Address of the proxy listener.
+    pub addr: SocketAddr,
+    /// Address of the admin listener (`/metrics`, `/admin/*`).
+    pub admin_addr: SocketAddr,
+    inner: Arc<Inner>,
+    listener: JoinHandle<()>,
+    side_tasks: Vec<JoinHandle<()>>,
+}
+
+fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Pool>) -> Pool {
+    let old: HashMap<&str, &Arc<Backend>> = previous
+        .map(|p| p.backends.iter().map(|b| (&*b.name, b)).collect())
+        .unwrap_or_default();
+    let backends = config
+        .backends
+        .iter()
+        .map(|b| {
+            let url = config::BackendUrl::parse(&b.url).expect("validated");
+            match old.get(b.name.as_str()) {
+                // Same name, URL and weight: keep the live state (in flight, health, drain).
+                Some(existing) if existing.url == url && existing.weight == b.weight => {
+                    Arc::clone(existing)
+                }
+                _ => Arc::new(Backend::new(
+                    &b.name,
+                    url,
+                    b.weight,
+                    metrics.backend(&b.name),
+                )),
+            }
+        })
+        .collect();
+    Pool {
+        backends,
+        affinity: AffinitySettings::from_config(&config.affinity),
+        health: config.health.clone(),
+    }
+}
+
+fn any_https(config: &ProxyConfig) -> bool {
+    config.backends.iter().any(|b| b.url.starts_with("https:"))
+}
+
+/// Validates `config`, binds both listeners and starts serving; resolves once bound. With
+/// `capture.enabled`, the recorder is started and every exchange is reported to it.
+pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, None).await
+}
+
+/// Like [`start`], reporting every exchange to `sink` instead of a recorder (tests, embedding).
+pub async fn start_with_sink(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Arc<dyn ExchangeSink>,
+) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, Some(sink)).await
+}
+
+async fn start_inner(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Option<Arc<dyn ExchangeSink>>,
+) -> Result<ProxyHandle, ProxyError> {
+    config.validate()?;
+    let tls = config
+        .tls
+        .as_ref()
+        .map(listener::tls_acceptor)
+        .transpose()?;
+    let client = upstream::build_client(&config.upstream, any_https(&config))?;
+
+    let bind = |what: &'static str, addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ProxyError::Bind { what, addr, source })
+    };
+    let tcp = bind("proxy listener", config.listen).await?;
+    let admin_tcp = bind("admin listener", config.admin.listen).await?;
+    let local = |l: &tokio::net::TcpListener, what: &'static str, addr: SocketAddr| {
+        l.local_addr()
+            .map_err(|source| ProxyError::Bind { what, addr, source })
+    };
+    let addr = local(&tcp, "proxy listener", config.listen)?;
+    let admin_addr = local(&admin_tcp, "admin listener", config.admin.listen)?;
+
+    let recorder = if config.capture.enabled && sink.is_none() {
+        Some(Recorder::start(&config.capture)?)
+    } else {
+        None
+    };
+    let sink = sink.or_else(|| recorder.as_ref().map(|r| r.sink.clone()));
+
+    let metrics = ProxyMetrics::new();
+    let pool = build_pool(&config, &metrics, None);
+    let router = Router::new(
+        pool,
+        config.affinity.max_sessions,
+        Duration::from_secs(config.affinity.session_ttl_secs),
+    );
+    let grace = Duration::from_secs(config.shutdown_grace_secs);
+    let inner = Arc::new(Inner {
+        router,
+        client: RwLock::new(client),
+        metrics,
+        sink,
+        recorder: Mutex::new(recorder),
+        max_request_body: config.max_request_body_bytes,
+        retries: AtomicU32::new(config.upstream.retries),
+        config: Mutex::new(config),
+    });
+
+    let (stop_side, side_stop) = crate::shutdown::channel();
+    let side_tasks = vec![
+        tokio::spawn(health::run(inner.clone(), side_stop.clone())),
+        tokio::spawn(admin::serve(admin_tcp, inner.clone(), side_stop.clone())),
+        tokio::spawn(housekeeping(inner.clone(), side_stop)),
+    ];
+    // The admin API and health checks keep running through the drain and stop after it, so
+    // dropping the handle without joining leaves a fully working proxy.
+    let listener = tokio::spawn({
+        let inner = inner.clone();
+        async move {
+            listener::serve(tcp, tls, inner, shutdown, grace).await;
+            stop_side.fire();
+        }
+    });
+    tracing::info!(%addr, %admin_addr, backends = inner.router.pool().backends.len(), "proxy listening");
+    Ok(ProxyHandle {
+        addr,
+        admin_addr,
+        inner,
+        listener,
+        side_tasks,
+    })
+}
+
+/// Sweeps idle sessions and folds histogram samples, so neither grows between scrapes.
+async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
+    let period = Duration::from_secs(5);
+    let mut next = tokio::time::Instant::now() + period;
+    loop {
+        tokio::select! {
+            _ = stop.wait() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        inner.router.sessions.sweep();
+        inner.metrics.upkeep();
+        next += period;
+    }
+}
+
+impl Inner {
+    /// Swaps in the backend list and affinity/health/upstream settings of `config`; listener
+    /// addresses, TLS and the admin token need a restart and are left as they are.
+    fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        config.validate()?;
+        let mut current = self.config.lock();
+        if config.listen != current.listen
+            || config.tls != current.tls
+            || config.admin != current.admin
+            || config.capture != current.capture
+            || config.max_request_body_bytes != current.max_request_body_bytes
+        {
+            tracing::warn!("listen, tls, admin, capture and max_request_body_bytes changes need a restart; keeping the running values");
+        }
+        let client = upstream::build_client(&config.upstream, any_https(&config))?;
+        let pool = build_pool(&config, &self.metrics, Some(&self.router.pool()));
+        self.router.sessions.set_limits(
+            config.affinity.max_sessions,
+            Duration::from_secs(config.affinity.session_ttl_secs),
+        );
+        *self.client.write() = client;
+        self.retries
+            .store(config.upstream.retries, Ordering::Relaxed);
+        self.router.replace_pool(pool);
+        current.backends = config.backends;
+        current.affinity = config.affinity;
+        current.health = config.health;
+        current.upstream = config.upstream;
+        Ok(())
+    }
+}
+
+impl ProxyHandle {
+    /// Applies a new configuration's backends and affinity settings without dropping traffic;
+    /// an invalid one is refused and the running one stays.
+    pub fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        let result = self.inner.reload(config);
+        self.inner.metrics.reload(result.is_ok());
+        result
+    }
+
+    /// Counts a reload refused before it reached [`ProxyHandle::reload`] (unreadable file).
+    pub fn note_refused_reload(&self) {
+        self.inner.metrics.reload(false);
+    }
+
+    /// Names of the backends currently in the pool.
+    pub fn backend_names(&self) -> Vec<String> {
+        self.inner
+            .router
+            .pool()
+            .backends
+            .iter()
+            .map(|b| b.name.to_string())
+            .collect()
+    }
+
+    /// Resolves after shutdown: the listener stopped, in-flight streams drained (up to the
+    /// grace period), side tasks stopped and the recorder finished.
+    pub async fn join(self) {
+        if let Err(e) = self.listener.await {
+            tracing::error!(error = %e, "proxy listener task failed");
+        }
+        for t in self.side_tasks {
+            let _ = t.await;
+        }
+        let recorder = self.inner.recorder.lock().take();
+        if let Some(recorder) = recorder {
+            recorder.finish().await;
+        }
+        tracing::info!(addr = %self.addr, "proxy stopped");
+    }
+}

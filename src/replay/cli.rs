@@ -1,21 +1,244 @@
-//! `agentrace replay` and `agentrace sweep`: flags and glue.
+//! `agentrace replay` and `agentrace sweep`: flags over the TOML config, and glue.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::config::{LogPrompts, ReplayConfig};
+use crate::cli::EXIT_CONFIG;
+use crate::dataset::Dataset;
+
+/// Flags shared by `replay` and `sweep`; every one overrides the config file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunFlags {
+    /// TOML run config (`config/replay-qwen.toml`, `config/replay-kimi.toml`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Endpoint base URL, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Dataset (JSONL, plain or .zst); the standard set when absent.
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Model preset (qwen3.6-35b-a3b, kimi-k3).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Model name on the wire (overrides the preset's).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Trajectory budget (default: one pass over the dataset).
+    #[arg(long)]
+    pub num_trajectories: Option<u64>,
+    /// Warmup trajectories run before the window and excluded.
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// Salting on or off.
+    #[arg(long)]
+    pub salt: Option<bool>,
+    /// Inject recorded delays on or off.
+    #[arg(long)]
+    pub delays: Option<bool>,
+    /// Multiply delays (2.0 = twice as slow).
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    /// Turn timeout in seconds.
+    #[arg(long)]
+    pub turn_timeout: Option<f64>,
+    /// Stop issuing when the window ends.
+    #[arg(long)]
+    pub stop_issuing_on_first_user_complete: Option<bool>,
+    /// Routing header name (repeatable; replaces the config's list).
+    #[arg(long = "routing-header")]
+    pub routing_headers: Vec<String>,
+    /// Environment variable holding the API key.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// ISSUED prompts: compact or full.
+    #[arg(long, value_enum)]
+    pub log_prompts: Option<LogPrompts>,
+    /// Log every streamed chunk (`sample.recv_non_first`).
+    #[arg(long)]
+    pub log_chunks: bool,
+    /// Cap on the performance phase in seconds.
+    #[arg(long)]
+    pub max_duration: Option<f64>,
+    /// No live progress line.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Exit non-zero when a gate fails.
+    #[arg(long)]
+    pub require_pass: bool,
+}
 
 /// Flags of `agentrace replay`.
 #[derive(Debug, clap::Args)]
-pub struct ReplayArgs {}
+pub struct ReplayArgs {
+    /// Slots (active trajectories).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    #[command(flatten)]
+    pub run: RunFlags,
+}
 
 /// Flags of `agentrace sweep`.
 #[derive(Debug, clap::Args)]
-pub struct SweepArgs {}
+pub struct SweepArgs {
+    /// Concurrency points, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub concurrency: Vec<usize>,
+    #[command(flatten)]
+    pub run: RunFlags,
+}
+
+/// Builds the config from the file and the flags.
+pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<ReplayConfig> {
+    let mut c = match &flags.config {
+        Some(p) => ReplayConfig::from_file(p)?,
+        None => ReplayConfig::default(),
+    };
+    macro_rules! set {
+        ($field:ident, $v:expr) => {
+            if let Some(v) = $v {
+                c.$field = v;
+            }
+        };
+    }
+    set!(target, flags.target.clone());
+    if flags.dataset.is_some() {
+        c.dataset = flags.dataset.clone();
+    }
+    if flags.model.is_some() {
+        c.model = flags.model.clone();
+    }
+    if flags.model_name.is_some() {
+        c.model_name = flags.model_name.clone();
+    }
+    set!(concurrency, concurrency);
+    if flags.num_trajectories.is_some() {
+        c.num_trajectories = flags.num_trajectories;
+    }
+    set!(warmup_trajectories, flags.warmup);
+    set!(enable_salt, flags.salt);
+    set!(inject_tool_delay, flags.delays);
+    set!(time_scale, flags.time_scale);
+    set!(turn_timeout_s, flags.turn_timeout);
+    set!(
+        stop_issuing_on_first_user_complete,
+        flags.stop_issuing_on_first_user_complete
+    );
+    if !flags.routing_headers.is_empty() {
+        c.routing_headers = flags.routing_headers.clone();
+    }
+    if flags.api_key_env.is_some() {
+        c.api_key_env = flags.api_key_env.clone();
+    }
+    set!(log_prompts, flags.log_prompts);
+    if flags.log_chunks {
+        c.log_chunks = true;
+    }
+    set!(max_duration_s, flags.max_duration);
+    c.progress = !flags.no_progress;
+    Ok(c)
+}
+
+fn load_dataset(config: &ReplayConfig) -> anyhow::Result<Arc<Dataset>> {
+    let path = match &config.dataset {
+        Some(p) => p.clone(),
+        None => crate::dataset::synth::ensure_standard_set(Path::new(
+            crate::dataset::synth::STANDARD_SET_PATH,
+        ))?,
+    };
+    let ds = crate::dataset::load(&path, &crate::dataset::LoadOptions::default())
+        .with_context(|| format!("cannot load dataset {}", path.display()))?;
+    Ok(Arc::new(ds))
+}
+
+fn prepare(flags: &RunFlags, concurrency: Option<usize>) -> Result<ReplayConfig, ExitCode> {
+    let config = match resolve(flags, concurrency) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Err(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    if let Err(e) = config.validate() {
+        eprintln!("error: invalid configuration: {e}");
+        return Err(ExitCode::from(EXIT_CONFIG));
+    }
+    Ok(config)
+}
 
 /// Runs one replay.
-pub async fn run(_args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agentrace replay is not available yet")
+pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let config = match prepare(&args.run, args.concurrency) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let dataset = load_dataset(&config)?;
+    let (trigger, shutdown) = crate::shutdown::channel();
+    tokio::spawn(async move {
+        crate::shutdown::signal().await;
+        trigger.fire();
+    });
+    let summary = super::run(config, dataset, &args.run.out, shutdown).await?;
+    let report = std::fs::read_to_string(args.run.out.join("report.txt")).unwrap_or_default();
+    print!("{report}");
+    Ok(exit_code(&summary, args.run.require_pass))
+}
+
+fn exit_code(s: &super::ReplaySummary, require_pass: bool) -> ExitCode {
+    if s.turns_issued > 0 && s.turns_ok == 0 {
+        eprintln!("error: every turn failed");
+        return ExitCode::FAILURE;
+    }
+    if require_pass && !s.gates_pass {
+        eprintln!("error: a gate failed (see report.txt)");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 /// Runs one replay per concurrency point.
-pub async fn run_sweep(_args: SweepArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("agentrace sweep is not available yet")
+pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let config = match prepare(&args.run, args.concurrency.first().copied()) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    if args.concurrency.contains(&0) {
+        eprintln!("error: invalid configuration: concurrency: every point must be >= 1, got 0");
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
+    let dataset = load_dataset(&config)?;
+    let (trigger, shutdown) = crate::shutdown::channel();
+    tokio::spawn(async move {
+        crate::shutdown::signal().await;
+        trigger.fire();
+    });
+    let points =
+        super::sweep::run(config, &args.concurrency, dataset, &args.run.out, shutdown).await?;
+    println!("concurrency  system_tps  e2e_interactivity  accuracy  frontier  gates");
+    for p in &points {
+        println!(
+            "{:>11}  {:>10.1}  {:>17.1}  {:>8}  {:>8}  {}",
+            p.concurrency,
+            p.system_tps,
+            p.e2e_interactivity,
+            p.accuracy.map_or("-".into(), |a| format!("{a:.4}")),
+            if p.on_frontier { "yes" } else { "" },
+            if p.gates_pass { "PASS" } else { "FAIL" }
+        );
+    }
+    println!("wrote {}", args.run.out.join("pareto.svg").display());
+    if points.iter().all(|p| p.summary.turns_ok == 0) {
+        return Ok(ExitCode::FAILURE);
+    }
+    if args.run.require_pass && !points.iter().all(|p| p.gates_pass) {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,250 @@
+//! The tap's side of the recorder: observers keep `Bytes` handles (refcount bumps, never
+//! copies) and hand one record per exchange to a bounded queue; a full queue or an exhausted
+//! memory bound drops the record and counts it, so forwarding is never slowed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{CaptureConfig, FullPolicy};
+use crate::proxy::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart};
+
+/// Counters shared by the sink, the writer and [`super::Recorder::stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub records_written: AtomicU64,
+    pub records_dropped: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub bytes_raw: AtomicU64,
+    pub bytes_stored: AtomicU64,
+}
+
+/// State shared between the sink and the writer.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub counters: Counters,
+    /// Body bytes held by observers and the queue; never above `memory_bound`.
+    pub held_bytes: AtomicU64,
+    pub memory_bound: u64,
+    closed: AtomicBool,
+    tx: SyncSender<Msg>,
+}
+
+/// What travels from the sink to the writer.
+pub(crate) enum Msg {
+    Exchange(Box<Captured>),
+    /// Sent once by `Recorder::finish`: everything before it is written, then the writer ends.
+    Close,
+}
+
+/// One finished exchange, as the observer saw it.
+pub(crate) struct Captured {
+    pub id: u64,
+    pub start: ExchangeStart,
+    /// `request_body` was left out (memory bound); its length is kept here.
+    pub request_len: usize,
+    pub head: Option<(http::StatusCode, http::HeaderMap, Instant)>,
+    /// Every forwarded frame's time and length (kept even when the bytes are not).
+    pub frame_times: Vec<(Instant, usize)>,
+    /// The frames' bytes, unless the memory bound cut them.
+    pub frames: Vec<Bytes>,
+    pub end: ExchangeEnd,
+    pub end_at: Instant,
+    pub drop_reason: Option<&'static str>,
+    /// Bytes of this record counted in `held_bytes`; released by whoever drops it.
+    pub held: u64,
+}
+
+/// The queue handle the sink sends on.
+pub(crate) struct Queue {
+    pub shared: Arc<Shared>,
+}
+
+/// Creates the queue for `config`: a bounded channel of `queue_capacity` records.
+pub(crate) fn queue(config: &CaptureConfig) -> (Queue, Receiver<Msg>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
+    let shared = Arc::new(Shared {
+        counters: Counters::default(),
+        held_bytes: AtomicU64::new(0),
+        memory_bound: config.memory_bound_bytes,
+        closed: AtomicBool::new(false),
+        tx,
+    });
+    (Queue { shared }, rx)
+}
+
+impl Shared {
+    /// Counts `n` more body bytes as held, unless that would pass the memory bound.
+    fn try_hold(&self, n: u64) -> bool {
+        let mut cur = self.held_bytes.load(Ordering::Relaxed);
+        loop {
+            let next = cur.saturating_add(n);
+            if next > self.memory_bound {
+                return false;
+            }
+            match self.held_bytes.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Returns `n` held bytes.
+    pub fn release(&self, n: u64) {
+        self.held_bytes.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    fn dropped(&self, captured: Box<Captured>) {
+        self.release(captured.held);
+        self.counters
+            .records_dropped
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stops accepting records and tells the writer to finish once it has written the
+    /// records queued before. Blocks while the queue is full (called off the runtime).
+    pub fn close(&self) {
+        if !self.closed.swap(true, Ordering::AcqRel) {
+            let _ = self.tx.send(Msg::Close);
+        }
+    }
+
+    /// `close` without blocking a runtime thread.
+    pub async fn close_async(self: &Arc<Self>) {
+        let shared = self.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.close()).await;
+    }
+}
+
+/// The [`ExchangeSink`] the proxy reports to.
+pub struct RecorderSink {
+    shared: Arc<Shared>,
+    policy: FullPolicy,
+    next_id: AtomicU64,
+}
+
+impl RecorderSink {
+    pub(crate) fn new(config: &CaptureConfig, queue: Queue) -> Self {
+        RecorderSink {
+            shared: queue.shared,
+            policy: config.full_policy,
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+impl ExchangeSink for RecorderSink {
+    fn start(&self, mut start: ExchangeStart) -> Box<dyn ExchangeObserver> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_len = start.request_body.len();
+        let mut held = 0;
+        let mut drop_reason = None;
+        if self.shared.try_hold(request_len as u64) {
+            held = request_len as u64;
+        } else {
+            start.request_body = Bytes::new();
+            drop_reason = Some("memory_bound");
+        }
+        Box::new(Observer {
+            shared: self.shared.clone(),
+            policy: self.policy,
+            captured: Some(Box::new(Captured {
+                id,
+                start,
+                request_len,
+                head: None,
+                frame_times: Vec::new(),
+                frames: Vec::new(),
+                end: ExchangeEnd::Complete,
+                end_at: Instant::now(),
+                drop_reason,
+                held,
+            })),
+        })
+    }
+}
+
+/// Follows one exchange; sends its record when it ends.
+struct Observer {
+    shared: Arc<Shared>,
+    policy: FullPolicy,
+    captured: Option<Box<Captured>>,
+}
+
+impl ExchangeObserver for Observer {
+    fn response_head(&mut self, status: http::StatusCode, headers: &http::HeaderMap, at: Instant) {
+        if let Some(c) = self.captured.as_mut() {
+            c.head = Some((status, headers.clone(), at));
+        }
+    }
+
+    fn response_frame(&mut self, data: &Bytes, at: Instant) {
+        let Some(c) = self.captured.as_mut() else {
+            return;
+        };
+        c.frame_times.push((at, data.len()));
+        if c.drop_reason.is_some() {
+            return;
+        }
+        if self.shared.try_hold(data.len() as u64) {
+            c.held += data.len() as u64;
+            c.frames.push(data.clone());
+        } else {
+            // Keep the timings, let go of every payload byte of this exchange.
+            let freed: u64 = c.frames.drain(..).map(|f| f.len() as u64).sum();
+            self.shared.release(freed);
+            c.held -= freed;
+            c.drop_reason = Some("memory_bound");
+        }
+    }
+
+    fn end(mut self: Box<Self>, end: ExchangeEnd, at: Instant) {
+        let Some(mut c) = self.captured.take() else {
+            return;
+        };
+        c.end = end;
+        c.end_at = at;
+        send(&self.shared, self.policy, c);
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        if let Some(c) = self.captured.take() {
+            // Dropped without `end`: the proxy promises not to, but never leak held bytes.
+            self.shared.dropped(c);
+        }
+    }
+}
+
+fn send(shared: &Shared, policy: FullPolicy, captured: Box<Captured>) {
+    if shared.closed.load(Ordering::Acquire) {
+        shared.dropped(captured);
+        return;
+    }
+    match shared.tx.try_send(Msg::Exchange(captured)) {
+        Ok(()) => {}
+        Err(TrySendError::Full(Msg::Exchange(c))) => match policy {
+            FullPolicy::Drop => shared.dropped(c),
+            // The bytes are already within the memory bound; wait for the writer thread
+            // (which never waits on the runtime) to make room.
+            FullPolicy::Block => {
+                if let Err(std::sync::mpsc::SendError(Msg::Exchange(c))) =
+                    shared.tx.send(Msg::Exchange(c))
+                {
+                    shared.dropped(c);
+                }
+            }
+        },
+        Err(TrySendError::Disconnected(Msg::Exchange(c))) => shared.dropped(c),
+        Err(_) => {}
+    }
+}

@@ -1,0 +1,582 @@
+//! The one writer of a recorder: a dedicated thread (file I/O and compression never run on
+//! the async runtime) that delta-encodes request bodies per session, writes zstd JSONL
+//! segments, flushes every interval, rotates by size and age, and counts every failure.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::format::{
+    self, DeltaBase, DroppedRecord, EndKind, ExchangeRecord, Line, Offsets, SegmentHeader,
+    StoredBody, StoredRequest, StoredResponse,
+};
+use super::sink::{Captured, Msg, Shared};
+use super::{CaptureConfig, CaptureError};
+use crate::proxy::tap::ExchangeEnd;
+
+/// Lets `Recorder::finish` wait for the writer thread without blocking the runtime.
+pub(crate) struct WriterHandle {
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl WriterHandle {
+    /// Resolves once the writer has closed its last segment (or died).
+    pub async fn join(self) {
+        let _ = self.done.await;
+    }
+}
+
+/// Starts the writer thread.
+pub(crate) fn spawn(
+    config: CaptureConfig,
+    rx: Receiver<Msg>,
+    shared: Arc<Shared>,
+) -> Result<WriterHandle, CaptureError> {
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("capture-writer".into())
+        .spawn(move || {
+            Writer::new(config, shared).run(rx);
+            let _ = done_tx.send(());
+        })
+        .map_err(CaptureError::Spawn)?;
+    Ok(WriterHandle { done })
+}
+
+/// Counts the compressed bytes that reach the file.
+struct CountingFile {
+    file: File,
+    written: u64,
+    shared: Arc<Shared>,
+}
+
+impl Write for CountingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        self.shared
+            .counters
+            .bytes_stored
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+struct Segment {
+    path: PathBuf,
+    encoder: zstd::stream::write::Encoder<'static, CountingFile>,
+    opened: Instant,
+    dirty: bool,
+    /// Uncompressed bytes given to the encoder since its last flush: counted in full
+    /// towards the rotation size, since the compressed size is known only once flushed.
+    unflushed: u64,
+}
+
+/// The previous request body of a session, the base of its next delta.
+struct SessionBase {
+    body: Bytes,
+    last_use: u64,
+}
+
+struct Writer {
+    config: CaptureConfig,
+    shared: Arc<Shared>,
+    redact: HashSet<String>,
+    tag: String,
+    seq: u64,
+    segment: Option<Segment>,
+    /// After a failed open or write, no new segment is tried before this.
+    retry_at: Option<Instant>,
+    sessions: HashMap<String, SessionBase>,
+    session_bytes: u64,
+    uses: u64,
+    drops_reported: u64,
+    errors_unlogged: u64,
+    last_error: Option<String>,
+    line: Vec<u8>,
+}
+
+impl Writer {
+    fn new(config: CaptureConfig, shared: Arc<Shared>) -> Self {
+        let redact = config
+            .redact_headers
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        Writer {
+            redact,
+            tag: format!("{:08x}", rand::random::<u32>()),
+            seq: 0,
+            segment: None,
+            retry_at: None,
+            sessions: HashMap::new(),
+            session_bytes: 0,
+            uses: 0,
+            drops_reported: 0,
+            errors_unlogged: 0,
+            last_error: None,
+            line: Vec::with_capacity(64 * 1024),
+            config,
+            shared,
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        let interval = self.config.flush_interval();
+        let mut next_tick = Instant::now() + interval;
+        loop {
+            match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                Ok(Msg::Exchange(c)) => self.exchange(c),
+                Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.tick(now);
+                next_tick = now + interval;
+            }
+        }
+        // Records sent after `Close` are counted as dropped by the sink; none are left here.
+        self.report_drops();
+        self.close_segment();
+        self.log_errors();
+        let c = &self.shared.counters;
+        tracing::info!(
+            dir = %self.config.dir.display(),
+            written = c.records_written.load(Ordering::Relaxed),
+            dropped = c.records_dropped.load(Ordering::Relaxed),
+            write_errors = c.write_errors.load(Ordering::Relaxed),
+            "capture closed"
+        );
+    }
+
+    /// Work due every flush interval: flush, age rotation, drop and error reports.
+    fn tick(&mut self, now: Instant) {
+        self.report_drops();
+        let flushed = match self.segment.as_mut() {
+            Some(seg) if seg.dirty => match seg.encoder.flush() {
+                Ok(()) => {
+                    seg.dirty = false;
+                    seg.unflushed = 0;
+                    Ok(())
+                }
+                Err(e) => Err(format!("flush {}: {e}", seg.path.display())),
+            },
+            _ => Ok(()),
+        };
+        if let Err(message) = flushed {
+            self.failed(message);
+        }
+        let age = Duration::from_secs(self.config.rotate_age_s);
+        if self
+            .segment
+            .as_ref()
+            .is_some_and(|s| now.duration_since(s.opened) >= age)
+        {
+            self.close_segment();
+        }
+        self.log_errors();
+    }
+
+    fn exchange(&mut self, c: Box<Captured>) {
+        let held = c.held;
+        let raw = c.request_len as u64 + c.frame_times.iter().map(|f| f.1 as u64).sum::<u64>();
+        if self.ensure_segment() {
+            let record = self.encode(&c);
+            if self.write_line(&Line::Exchange(Box::new(record))) {
+                self.remember(&c);
+                let counters = &self.shared.counters;
+                counters.records_written.fetch_add(1, Ordering::Relaxed);
+                counters.bytes_raw.fetch_add(raw, Ordering::Relaxed);
+                self.rotate_if_full();
+                drop(c);
+                self.shared.release(held);
+                return;
+            }
+        }
+        self.shared
+            .counters
+            .write_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.errors_unlogged += 1;
+        drop(c);
+        self.shared.release(held);
+    }
+
+    /// Opens a segment if none is open and the retry back-off allows; false if none is.
+    fn ensure_segment(&mut self) -> bool {
+        if self.segment.is_some() {
+            return true;
+        }
+        if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return false;
+        }
+        self.retry_at = None;
+        self.seq += 1;
+        let now_ns = unix_ns();
+        let name = format!(
+            "{}{}-{}-{:06}{}",
+            format::SEGMENT_PREFIX,
+            format::compact_time(now_ns),
+            self.tag,
+            self.seq,
+            format::SEGMENT_SUFFIX
+        );
+        let path = self.config.dir.join(name);
+        let opened = std::fs::create_dir_all(&self.config.dir)
+            .and_then(|()| File::create_new(&path))
+            .and_then(|file| {
+                let counting = CountingFile {
+                    file,
+                    written: 0,
+                    shared: self.shared.clone(),
+                };
+                zstd::stream::write::Encoder::new(counting, self.config.zstd_level)
+            });
+        match opened {
+            Ok(encoder) => {
+                tracing::debug!(path = %path.display(), "capture segment opened");
+                self.segment = Some(Segment {
+                    path,
+                    encoder,
+                    opened: Instant::now(),
+                    dirty: false,
+                    unflushed: 0,
+                });
+                // Every segment decodes on its own: deltas never reach into a previous one.
+                self.sessions.clear();
+                self.session_bytes = 0;
+                let header = Line::Segment(SegmentHeader {
+                    format: format::FORMAT.into(),
+                    recorder: self.tag.clone(),
+                    seq: self.seq,
+                    created_unix_ns: now_ns,
+                    writer: env!("CARGO_PKG_VERSION").into(),
+                });
+                self.write_line(&header)
+            }
+            Err(e) => {
+                self.failed(format!("open {}: {e}", path.display()));
+                false
+            }
+        }
+    }
+
+    /// Appends one line to the open segment; on failure abandons the segment.
+    fn write_line(&mut self, line: &Line) -> bool {
+        let Some(seg) = self.segment.as_mut() else {
+            return false;
+        };
+        self.line.clear();
+        if let Err(e) = serde_json::to_writer(&mut self.line, line) {
+            tracing::error!(error = %e, "capture record not serialisable");
+            return false;
+        }
+        self.line.push(b'\n');
+        match seg.encoder.write_all(&self.line) {
+            Ok(()) => {
+                seg.dirty = true;
+                seg.unflushed += self.line.len() as u64;
+                true
+            }
+            Err(e) => {
+                let msg = format!("write {}: {e}", seg.path.display());
+                self.failed(msg);
+                false
+            }
+        }
+    }
+
+    /// A failed open, write or flush: count it, remember it for the log, drop the segment
+    /// (what it flushed before stays readable) and back off for one flush interval.
+    fn failed(&mut self, message: String) {
+        if self.last_error.as_deref() != Some(message.as_str()) {
+            tracing::error!(error = %message, "capture write failed; forwarding continues");
+            self.last_error = Some(message);
+        }
+        self.segment = None;
+        self.retry_at = Some(Instant::now() + self.config.flush_interval());
+    }
+
+    fn log_errors(&mut self) {
+        if self.errors_unlogged > 0 {
+            tracing::error!(
+                records = self.errors_unlogged,
+                error = self.last_error.as_deref().unwrap_or(""),
+                "capture records not written"
+            );
+            self.errors_unlogged = 0;
+        }
+    }
+
+    fn report_drops(&mut self) {
+        let dropped = self.shared.counters.records_dropped.load(Ordering::Relaxed);
+        if dropped <= self.drops_reported {
+            return;
+        }
+        let count = dropped - self.drops_reported;
+        tracing::warn!(
+            count,
+            total = dropped,
+            "capture dropped records (queue full, memory bound or shutting down)"
+        );
+        self.drops_reported = dropped;
+        if self.ensure_segment() {
+            self.write_line(&Line::Dropped(DroppedRecord {
+                count,
+                at_unix_ns: unix_ns(),
+            }));
+        }
+    }
+
+    fn rotate_if_full(&mut self) {
+        if self
+            .segment
+            .as_ref()
+            .is_some_and(|s| s.encoder.get_ref().written + s.unflushed >= self.config.rotate_bytes)
+        {
+            self.close_segment();
+        }
+    }
+
+    /// Ends the zstd frame and syncs the file.
+    fn close_segment(&mut self) {
+        if let Some(seg) = self.segment.take() {
+            let path = seg.path.clone();
+            match seg.encoder.finish() {
+                Ok(counting) => {
+                    let _ = counting.file.sync_data();
+                }
+                Err(e) => self.failed(format!("close {}: {e}", path.display())),
+            }
+        }
+    }
+
+    /// Keeps this request body as its session's next delta base, within a memory budget.
+    fn remember(&mut self, c: &Captured) {
+        let Some(key) = c.start.session_key.as_ref() else {
+            return;
+        };
+        self.uses += 1;
+        let body = if c.request_len == c.start.request_body.len() && c.request_len > 0 {
+            c.start.request_body.clone()
+        } else {
+            Bytes::new()
+        };
+        self.session_bytes += body.len() as u64;
+        if let Some(old) = self.sessions.insert(
+            key.clone(),
+            SessionBase {
+                body,
+                last_use: self.uses,
+            },
+        ) {
+            self.session_bytes -= old.body.len() as u64;
+        }
+        while self.session_bytes > self.shared.memory_bound && self.sessions.len() > 1 {
+            let oldest = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, b)| b.last_use)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest.and_then(|k| self.sessions.remove(&k)) {
+                self.session_bytes -= k.body.len() as u64;
+            }
+        }
+    }
+
+    fn encode(&self, c: &Captured) -> ExchangeRecord {
+        let base = c
+            .start
+            .session_key
+            .as_ref()
+            .and_then(|k| self.sessions.get(k))
+            .map(|b| &b.body);
+        encode(c, base, &self.redact)
+    }
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn headers(map: &http::HeaderMap, redact: &HashSet<String>) -> Vec<(String, String)> {
+    map.iter()
+        .map(|(name, value)| {
+            let v = if redact.contains(name.as_str()) {
+                format::redacted(value.as_bytes())
+            } else {
+                String::from_utf8_lossy(value.as_bytes()).into_owned()
+            };
+            (name.as_str().to_owned(), v)
+        })
+        .collect()
+}
+
+fn micros(from: tokio::time::Instant, at: tokio::time::Instant) -> u64 {
+    at.saturating_duration_since(from).as_micros() as u64
+}
+
+/// Builds the stored record of one exchange; `base` is the session's previous body.
+pub(crate) fn encode(
+    c: &Captured,
+    base: Option<&Bytes>,
+    redact: &HashSet<String>,
+) -> ExchangeRecord {
+    let s = &c.start;
+    let body = &s.request_body;
+    let complete_request = c.request_len == body.len();
+    let request_body = if !complete_request {
+        StoredBody {
+            len: c.request_len as u64,
+            ..StoredBody::default()
+        }
+    } else {
+        match base
+            .filter(|b| !b.is_empty())
+            .and_then(|b| Some((b, format::diff(b, body)?)))
+        {
+            Some((prev, (prefix, suffix))) => {
+                let mut stored = StoredBody {
+                    len: body.len() as u64,
+                    base: Some(DeltaBase {
+                        prefix_len: prefix as u64,
+                        prefix_sha256: format::short_sha256(&prev[..prefix]),
+                        suffix_len: suffix as u64,
+                    }),
+                    ..StoredBody::default()
+                };
+                stored.set_bytes(&body[prefix..body.len() - suffix]);
+                stored
+            }
+            None => StoredBody::whole(body),
+        }
+    };
+    let start = s.started_at;
+    let response = c.head.as_ref().map(|(status, head_headers, _)| {
+        let mut frame_us = Vec::with_capacity(c.frame_times.len());
+        let mut prev = start;
+        for (at, _) in &c.frame_times {
+            frame_us.push(micros(prev, *at));
+            prev = prev.max(*at);
+        }
+        let bytes: Vec<u8> = c.frames.concat();
+        let sse = head_headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        let event_frames = if sse && c.drop_reason.is_none() {
+            sse_event_frames(&c.frames)
+        } else {
+            Vec::new()
+        };
+        let total: usize = c.frame_times.iter().map(|f| f.1).sum();
+        let body = if c.drop_reason.is_some() && bytes.len() != total {
+            StoredBody {
+                len: total as u64,
+                ..StoredBody::default()
+            }
+        } else {
+            StoredBody::whole(&bytes)
+        };
+        StoredResponse {
+            status: status.as_u16(),
+            headers: headers(head_headers, redact),
+            body,
+            frame_us,
+            frame_len: c.frame_times.iter().map(|f| f.1 as u64).collect(),
+            event_frames,
+        }
+    });
+    let (end, error) = match &c.end {
+        ExchangeEnd::Complete => (EndKind::Complete, None),
+        ExchangeEnd::UpstreamError(e) => (EndKind::UpstreamError, Some(e.clone())),
+        ExchangeEnd::ClientGone => (EndKind::ClientGone, None),
+    };
+    ExchangeRecord {
+        id: c.id,
+        session: s.session_key.clone(),
+        key_source: s.key_source,
+        backend: s.backend.clone(),
+        start_unix_ns: s.started_unix_ns as u64,
+        method: s.method.as_str().to_owned(),
+        path: s.path_and_query.clone(),
+        t: Offsets {
+            received_us: micros(start, s.request_received_at),
+            head_us: c.head.as_ref().map(|h| micros(start, h.2)),
+            first_byte_us: c.frame_times.first().map(|f| micros(start, f.0)),
+            end_us: micros(start, c.end_at),
+        },
+        request: StoredRequest {
+            headers: headers(&s.request_headers, redact),
+            body: request_body,
+        },
+        response,
+        end,
+        error,
+        complete: c.drop_reason.is_none(),
+        drop_reason: c.drop_reason.map(str::to_owned),
+    }
+}
+
+/// For each SSE event, the index of the frame whose bytes completed it (a blank line ends an
+/// event), delta-coded against the previous event's frame index.
+fn sse_event_frames(frames: &[Bytes]) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut line_len = 0usize;
+    let mut event_open = false;
+    let mut last = 0u64;
+    for (i, frame) in frames.iter().enumerate() {
+        for &b in frame.iter() {
+            match b {
+                b'\n' => {
+                    if line_len == 0 {
+                        if event_open {
+                            out.push(i as u64 - last);
+                            last = i as u64;
+                            event_open = false;
+                        }
+                    } else {
+                        event_open = true;
+                    }
+                    line_len = 0;
+                }
+                b'\r' => {}
+                _ => line_len += 1,
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_are_stamped_with_the_frame_that_completes_them() {
+        let frames: Vec<Bytes> = vec![
+            Bytes::from_static(b"data: {\"a\":1}\n\n"),
+            Bytes::from_static(b"data: {\"a\""),
+            Bytes::from_static(b":2}\n"),
+            Bytes::from_static(b"\ndata: x\r\n\r\ndata: y\n\n"),
+            Bytes::from_static(b": comment only\n\ndata: [DONE]\n\n"),
+        ];
+        // Events complete in frames 0, 3, 3, 3, 4, 4 (the comment block counts as one).
+        assert_eq!(sse_event_frames(&frames), vec![0, 3, 0, 0, 1, 0]);
+    }
+}

@@ -1,0 +1,652 @@
+//! The proxy's configuration: one TOML document, parsed strictly and validated before any port.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::capture::CaptureConfig;
+
+/// Header names tried in order when no `affinity.headers` is configured: the generic MLPerf /
+/// OpenCode header first, then the router- and agent-specific ones.
+pub const DEFAULT_SESSION_HEADERS: [&str; 5] = [
+    "x-session-id",
+    "x-dynamo-session-id",
+    "x-smg-routing-key",
+    "x-claude-code-session-id",
+    "session-id",
+];
+
+/// Everything `agentrace proxy` needs; see `config/proxy.toml` for a commented example.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Address agents connect to (HTTP/1.1 and h2c, or TLS when `[tls]` is set). Port 0 picks one.
+    pub listen: SocketAddr,
+    /// Largest request body accepted; bigger ones get `413`. The body is held for the session
+    /// fingerprint and for a retry, so this bounds the proxy's memory per request.
+    pub max_request_body_bytes: u64,
+    /// How long in-flight requests and streams may run after SIGINT/SIGTERM before the proxy exits.
+    pub shutdown_grace_secs: u64,
+    /// Ingress TLS termination; absent means plain HTTP.
+    pub tls: Option<TlsConfig>,
+    /// Metrics and admin API listener.
+    pub admin: AdminConfig,
+    /// How the proxy talks to the backends.
+    pub upstream: UpstreamConfig,
+    /// Session keys and placement.
+    pub affinity: AffinityConfig,
+    /// Active and passive health checking.
+    pub health: HealthConfig,
+    /// The inference servers, in any order (placement does not depend on the order).
+    pub backends: Vec<BackendConfig>,
+    /// The recorder behind the proxy.
+    pub capture: CaptureConfig,
+}
+
+/// Ingress TLS: PEM certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file with the certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+}
+
+/// The admin listener serves `/metrics` and `/admin/*`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin listener. Port 0 picks one.
+    pub listen: SocketAddr,
+    /// Bearer token required on `/admin/*`; mandatory when `listen` is not a loopback address.
+    pub token: Option<Secret>,
+}
+
+/// Upstream connection settings shared by every backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// TCP connect timeout; a connect that takes longer counts as a connect error (retried).
+    pub connect_timeout_ms: u64,
+    /// Idle keep-alive connections are closed after this long.
+    pub pool_idle_timeout_secs: u64,
+    /// Idle keep-alive connections kept per backend.
+    pub pool_max_idle_per_backend: usize,
+    /// Retries on another backend when connecting or sending fails before any response byte.
+    pub retries: u32,
+    /// PEM bundle of CAs trusted for `https://` backends instead of the platform roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// How a backend is chosen for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Session affinity: rendezvous hashing with bounded load and a binding table.
+    Session,
+    /// Affinity off: every request goes to the next available backend in turn.
+    RoundRobin,
+    /// Affinity off: every request goes to the backend with the fewest requests in flight.
+    LeastLoaded,
+}
+
+/// Session keys and placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AffinityConfig {
+    /// Placement policy.
+    pub policy: Policy,
+    /// Headers tried in order; the first present non-empty one is the session key.
+    pub headers: Vec<String>,
+    /// Without a header, key `POST …/chat/completions` by model + first system + first user message.
+    pub fingerprint: bool,
+    /// A backend above this multiple of the pool's mean in-flight count takes no more sessions
+    /// beyond its share (0 turns the bound off).
+    pub load_factor: f64,
+    /// A session idle this long is forgotten (its binding, if any, is dropped).
+    pub session_ttl_secs: u64,
+    /// At most this many sessions are remembered; the least recently used go first.
+    pub max_sessions: usize,
+}
+
+/// Active checks with hysteresis, and passive ejection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Path probed with `GET` on every backend; any 2xx is healthy.
+    pub path: String,
+    /// Time between probes of one backend; 0 turns active checks (and passive ejection) off.
+    pub interval_ms: u64,
+    /// A probe slower than this fails.
+    pub timeout_ms: u64,
+    /// Consecutive failed probes before a backend is marked unhealthy.
+    pub unhealthy_threshold: u32,
+    /// Consecutive good probes before an unhealthy backend takes traffic again.
+    pub healthy_threshold: u32,
+    /// Consecutive 5xx responses that eject a backend until probes bring it back (0: never).
+    pub eject_after_5xx: u32,
+}
+
+/// One inference server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Stable name: it seeds the rendezvous hash, so two proxies with the same names agree.
+    pub name: String,
+    /// `http://host:port` or `https://host:port`, optionally with a base path.
+    pub url: String,
+    /// Relative share of sessions (rendezvous weight).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// A string that never shows up in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown or mistyped fields.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// The file, or `<inline>`.
+        origin: String,
+        /// The parser's message (it names the line and field).
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_request_body_bytes: 64 * 1024 * 1024,
+            shutdown_grace_secs: 30,
+            tls: None,
+            admin: AdminConfig::default(),
+            upstream: UpstreamConfig::default(),
+            affinity: AffinityConfig::default(),
+            health: HealthConfig::default(),
+            backends: Vec::new(),
+            capture: CaptureConfig::default(),
+        }
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            token: None,
+        }
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: 2_000,
+            pool_idle_timeout_secs: 90,
+            pool_max_idle_per_backend: 256,
+            retries: 1,
+            ca_file: None,
+        }
+    }
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Session,
+            headers: DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            fingerprint: true,
+            load_factor: 1.5,
+            session_ttl_secs: 30 * 60,
+            max_sessions: 1_000_000,
+        }
+    }
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            path: "/health".to_string(),
+            interval_ms: 5_000,
+            timeout_ms: 2_000,
+            unhealthy_threshold: 3,
+            healthy_threshold: 2,
+            eject_after_5xx: 5,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config = Self::parse(&text, &path.display().to_string())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config = Self::parse(text, "<inline>")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// Checks ranges and cross-field rules; the message names the field and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.max_request_body_bytes == 0 {
+            return bad("max_request_body_bytes: must be > 0, got 0".into());
+        }
+        if !self.admin.listen.ip().is_loopback() {
+            match &self.admin.token {
+                None => {
+                    return bad(format!(
+                        "admin.token: required when admin.listen is not loopback, got listen {} and no token",
+                        self.admin.listen
+                    ))
+                }
+                Some(t) if t.0.trim().is_empty() => {
+                    return bad("admin.token: must not be empty".into())
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = &self.admin.token {
+            if t.0.is_empty() || !t.0.bytes().all(|b| b.is_ascii_graphic()) {
+                return bad("admin.token: must be non-empty printable ASCII without spaces".into());
+            }
+        }
+        if self.admin.listen == self.listen && self.listen.port() != 0 {
+            return bad(format!(
+                "admin.listen: must differ from listen, both are {}",
+                self.listen
+            ));
+        }
+        if self.upstream.connect_timeout_ms == 0 {
+            return bad("upstream.connect_timeout_ms: must be > 0, got 0".into());
+        }
+        if self.upstream.retries > 8 {
+            return bad(format!(
+                "upstream.retries: must be <= 8, got {}",
+                self.upstream.retries
+            ));
+        }
+        self.validate_affinity()?;
+        self.validate_health()?;
+        self.validate_backends()?;
+        self.capture.validate().map_err(ConfigError::Invalid)?;
+        Ok(())
+    }
+
+    fn validate_affinity(&self) -> Result<(), ConfigError> {
+        let a = &self.affinity;
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if a.headers.is_empty() && a.policy == Policy::Session && !a.fingerprint {
+            return bad(
+                "affinity.headers: must name at least one header when affinity.fingerprint is off, got []"
+                    .into(),
+            );
+        }
+        for (i, h) in a.headers.iter().enumerate() {
+            if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return bad(format!(
+                    "affinity.headers[{i}]: not a valid header name, got {h:?}"
+                ));
+            }
+        }
+        if !a.load_factor.is_finite() || (a.load_factor != 0.0 && a.load_factor < 1.0) {
+            return bad(format!(
+                "affinity.load_factor: must be >= 1.0 or 0, got {}",
+                a.load_factor
+            ));
+        }
+        if a.session_ttl_secs == 0 {
+            return bad("affinity.session_ttl_secs: must be > 0, got 0".into());
+        }
+        if a.max_sessions == 0 {
+            return bad("affinity.max_sessions: must be > 0, got 0".into());
+        }
+        Ok(())
+    }
+
+    fn validate_health(&self) -> Result<(), ConfigError> {
+        let h = &self.health;
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if !h.path.starts_with('/') || h.path.parse::<http::uri::PathAndQuery>().is_err() {
+            return bad(format!(
+                "health.path: must be an absolute path like /health, got {:?}",
+                h.path
+            ));
+        }
+        if h.interval_ms > 0 {
+            if h.timeout_ms == 0 {
+                return bad("health.timeout_ms: must be > 0, got 0".into());
+            }
+            if h.timeout_ms > h.interval_ms {
+                return bad(format!(
+                    "health.timeout_ms: must be <= health.interval_ms ({}), got {}",
+                    h.interval_ms, h.timeout_ms
+                ));
+            }
+        }
+        if h.unhealthy_threshold == 0 {
+            return bad("health.unhealthy_threshold: must be >= 1, got 0".into());
+        }
+        if h.healthy_threshold == 0 {
+            return bad("health.healthy_threshold: must be >= 1, got 0".into());
+        }
+        Ok(())
+    }
+
+    fn validate_backends(&self) -> Result<(), ConfigError> {
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.backends.is_empty() {
+            return bad("backends: at least one backend is required, got none".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            if b.name.is_empty() || !b.name.bytes().all(|c| c.is_ascii_graphic() && c != b'/') {
+                return bad(format!(
+                    "backends[{i}].name: must be non-empty printable ASCII without '/' or spaces, got {:?}",
+                    b.name
+                ));
+            }
+            if !names.insert(b.name.as_str()) {
+                return bad(format!("backends[{i}].name: duplicate name {:?}", b.name));
+            }
+            if let Err(why) = BackendUrl::parse(&b.url) {
+                return bad(format!("backends[{i}].url: {why}, got {:?}", b.url));
+            }
+            if !b.weight.is_finite() || b.weight <= 0.0 {
+                return bad(format!(
+                    "backends[{i}].weight: must be > 0, got {}",
+                    b.weight
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A backend URL split into the parts the forwarding path reuses for every request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// Prefix put before every forwarded path, without a trailing slash (often empty).
+    pub base_path: String,
+}
+
+impl BackendUrl {
+    /// Parses `http(s)://host[:port][/base]`; the error says what is wrong.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("not a valid URL ({e})"))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| "must start with http:// or https://".to_string())?;
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            return Err("scheme must be http or https".into());
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| "must name a host".to_string())?;
+        if authority.host().is_empty() {
+            return Err("must name a host".into());
+        }
+        if uri.query().is_some() {
+            return Err("must not have a query".into());
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Ok(Self {
+            scheme,
+            authority,
+            base_path,
+        })
+    }
+}
+
+impl fmt::Display for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> String {
+        "[[backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8000\"\n".to_string()
+    }
+
+    fn err(toml: &str) -> String {
+        ProxyConfig::from_toml_str(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let c = ProxyConfig::from_toml_str(&base()).unwrap();
+        assert_eq!(c.max_request_body_bytes, 64 << 20);
+        assert_eq!(c.shutdown_grace_secs, 30);
+        assert_eq!(c.affinity.policy, Policy::Session);
+        assert_eq!(c.affinity.load_factor, 1.5);
+        assert_eq!(c.affinity.session_ttl_secs, 1800);
+        assert_eq!(c.affinity.max_sessions, 1_000_000);
+        assert_eq!(c.affinity.headers, DEFAULT_SESSION_HEADERS.to_vec());
+        assert!(c.affinity.fingerprint);
+        assert_eq!(c.health.interval_ms, 5000);
+        assert_eq!(c.health.timeout_ms, 2000);
+        assert_eq!(c.health.unhealthy_threshold, 3);
+        assert_eq!(c.health.healthy_threshold, 2);
+        assert_eq!(c.upstream.retries, 1);
+        assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9464");
+        assert_eq!(c.backends[0].weight, 1.0);
+    }
+
+    /// Every validation rule, with the field it must name and the value it must show.
+    #[test]
+    fn every_validation_error_names_field_and_value() {
+        let b = base();
+        let cases: Vec<(String, &str)> = vec![
+            (
+                "max_request_body_bytes = 0\n".to_string() + &b,
+                "max_request_body_bytes: must be > 0, got 0",
+            ),
+            (
+                format!("[admin]\nlisten = \"0.0.0.0:9464\"\n{b}"),
+                "admin.token: required when admin.listen is not loopback, got listen 0.0.0.0:9464",
+            ),
+            (
+                format!("[admin]\ntoken = \"has space\"\n{b}"),
+                "admin.token: must be non-empty printable ASCII",
+            ),
+            (
+                format!("[admin]\nlisten = \"0.0.0.0:9464\"\ntoken = \" \"\n{b}"),
+                "admin.token: must not be empty",
+            ),
+            (
+                format!("listen = \"127.0.0.1:7000\"\n[admin]\nlisten = \"127.0.0.1:7000\"\n{b}"),
+                "admin.listen: must differ from listen, both are 127.0.0.1:7000",
+            ),
+            (
+                format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),
+                "upstream.connect_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[upstream]\nretries = 9\n{b}"),
+                "upstream.retries: must be <= 8, got 9",
+            ),
+            (
+                format!("[affinity]\nheaders = []\nfingerprint = false\n{b}"),
+                "affinity.headers: must name at least one header",
+            ),
+            (
+                format!("[affinity]\nheaders = [\"x session\"]\n{b}"),
+                "affinity.headers[0]: not a valid header name, got \"x session\"",
+            ),
+            (
+                format!("[affinity]\nload_factor = 0.5\n{b}"),
+                "affinity.load_factor: must be >= 1.0 or 0, got 0.5",
+            ),
+            (
+                format!("[affinity]\nsession_ttl_secs = 0\n{b}"),
+                "affinity.session_ttl_secs: must be > 0, got 0",
+            ),
+            (
+                format!("[affinity]\nmax_sessions = 0\n{b}"),
+                "affinity.max_sessions: must be > 0, got 0",
+            ),
+            (
+                format!("[affinity]\npolicy = \"random\"\n{b}"),
+                "unknown variant `random`",
+            ),
+            (
+                format!("[health]\npath = \"health\"\n{b}"),
+                "health.path: must be an absolute path like /health, got \"health\"",
+            ),
+            (
+                format!("[health]\ntimeout_ms = 0\n{b}"),
+                "health.timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[health]\ninterval_ms = 1000\ntimeout_ms = 2000\n{b}"),
+                "health.timeout_ms: must be <= health.interval_ms (1000), got 2000",
+            ),
+            (
+                format!("[health]\nunhealthy_threshold = 0\n{b}"),
+                "health.unhealthy_threshold: must be >= 1, got 0",
+            ),
+            (
+                format!("[health]\nhealthy_threshold = 0\n{b}"),
+                "health.healthy_threshold: must be >= 1, got 0",
+            ),
+            (
+                String::new(),
+                "backends: at least one backend is required, got none",
+            ),
+            (
+                format!("{b}[[backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8001\"\n"),
+                "backends[1].name: duplicate name \"a\"",
+            ),
+            (
+                "[[backends]]\nname = \"a b\"\nurl = \"http://h:1\"\n".into(),
+                "backends[0].name: must be non-empty printable ASCII",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"ftp://h:1\"\n".into(),
+                "backends[0].url: scheme must be http or https, got \"ftp://h:1\"",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"localhost:8000\"\n".into(),
+                "backends[0].url: ",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"http://h:1/v1?x=1\"\n".into(),
+                "backends[0].url: must not have a query",
+            ),
+            (
+                "[[backends]]\nname = \"a\"\nurl = \"http://h:1\"\nweight = 0.0\n".into(),
+                "backends[0].weight: must be > 0, got 0",
+            ),
+            (format!("bogus = 1\n{b}"), "unknown field `bogus`"),
+            (
+                format!("[affinity]\nload_factr = 2.0\n{b}"),
+                "unknown field `load_factr`",
+            ),
+            (format!("listen = \"nowhere\"\n{b}"), "listen"),
+        ];
+        for (toml, expected) in cases {
+            let message = err(&toml);
+            assert!(
+                message.contains(expected),
+                "config\n{toml}\nexpected error containing {expected:?}, got {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_load_factor_turns_the_bound_off_and_is_accepted() {
+        let c = ProxyConfig::from_toml_str(&format!("[affinity]\nload_factor = 0\n{}", base()));
+        assert_eq!(c.unwrap().affinity.load_factor, 0.0);
+    }
+
+    #[test]
+    fn non_loopback_admin_with_token_is_accepted_and_token_is_redacted() {
+        let c = ProxyConfig::from_toml_str(&format!(
+            "[admin]\nlisten = \"0.0.0.0:9464\"\ntoken = \"s3cret\"\n{}",
+            base()
+        ))
+        .unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn missing_file_error_names_the_file() {
+        let e = ProxyConfig::load("/nonexistent/agentrace.toml").unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/agentrace.toml"), "{e}");
+    }
+
+    #[test]
+    fn backend_url_keeps_base_path_without_trailing_slash() {
+        let u = BackendUrl::parse("https://api.example.com:8443/v2/").unwrap();
+        assert_eq!(u.base_path, "/v2");
+        assert_eq!(u.to_string(), "https://api.example.com:8443/v2");
+        assert_eq!(BackendUrl::parse("http://h:1").unwrap().base_path, "");
+    }
+
+    #[test]
+    fn example_config_file_loads() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/proxy.toml");
+        let c = ProxyConfig::load(path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.backends.len() >= 2);
+    }
+}

@@ -1,0 +1,165 @@
+//! Listener: accepts connections (HTTP/1.1 and h2c, or TLS with ALPN h2/http1.1), serves each
+//! on its own task, and drains them within the grace period on shutdown.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use super::config::TlsConfig;
+use super::{upstream, Inner, ProxyError};
+use crate::shutdown::Shutdown;
+
+/// A TLS handshake slower than this is abandoned (a stalled client must not hold a task).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Loads the certificate chain and key; errors name the file and what is wrong with it.
+pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
+    let read = |path: &std::path::PathBuf| {
+        std::fs::read(path).map_err(|e| ProxyError::Tls {
+            file: path.clone(),
+            reason: e.to_string(),
+        })
+    };
+    let cert_pem = read(&cfg.cert_file)?;
+    let certs = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ProxyError::Tls {
+            file: cfg.cert_file.clone(),
+            reason: format!("not a PEM certificate chain: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(ProxyError::Tls {
+            file: cfg.cert_file.clone(),
+            reason: "no certificate in the file".into(),
+        });
+    }
+    let key_pem = read(&cfg.key_file)?;
+    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .map_err(|e| ProxyError::Tls {
+            file: cfg.key_file.clone(),
+            reason: format!("not a PEM private key: {e}"),
+        })?
+        .ok_or_else(|| ProxyError::Tls {
+            file: cfg.key_file.clone(),
+            reason: "no private key in the file".into(),
+        })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxyError::Internal(format!("rustls: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| ProxyError::Tls {
+            file: cfg.key_file.clone(),
+            reason: format!(
+                "key does not fit the certificate in {}: {e}",
+                cfg.cert_file.display()
+            ),
+        })?;
+    server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(server)))
+}
+
+/// Serves connections until `shutdown`, then drains them for up to `grace`.
+pub async fn serve(
+    tcp: TcpListener,
+    tls: Option<TlsAcceptor>,
+    inner: Arc<Inner>,
+    mut shutdown: Shutdown,
+    grace: Duration,
+) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = tcp.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let watcher = graceful.watcher();
+                    let builder = builder.clone();
+                    let (inner, tls) = (inner.clone(), tls.clone());
+                    connections.spawn(async move {
+                        serve_connection(stream, peer, tls, builder, watcher, inner).await;
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    drop(tcp);
+    let open = graceful.count();
+    if open > 0 {
+        tracing::info!(
+            connections = open,
+            grace_secs = grace.as_secs(),
+            "draining connections"
+        );
+    }
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_secs = grace.as_secs(),
+            "grace period over; closing the remaining connections"
+        );
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    builder: auto::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    inner: Arc<Inner>,
+) {
+    let is_tls = tls.is_some();
+    let service = service_fn(move |req| {
+        let inner = inner.clone();
+        async move { Ok::<_, Infallible>(upstream::handle(inner, req, peer, is_tls).await) }
+    });
+    let result = match tls {
+        None => {
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            watcher.watch(conn.into_owned()).await
+        }
+        Some(acceptor) => {
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            watcher.watch(conn.into_owned()).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}

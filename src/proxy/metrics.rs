@@ -1,0 +1,424 @@
+//! Prometheus metrics of one proxy instance: a private recorder (never installed globally, so
+//! several proxies share a process) with handles registered once and kept on the hot path.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use parking_lot::Mutex;
+
+use super::routing::{Outcome, Pool, SessionTable};
+use super::tap::KeySource;
+use crate::capture::RecorderStats;
+
+static META: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
+
+/// Latency buckets (seconds): from 100 µs to 10 min, since agent turns can stream for minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Buckets for the proxy's own overhead (seconds): 5 µs to 10 ms.
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+];
+
+/// Upstream error kinds (the `kind` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// TCP/TLS connect failed or timed out.
+    Connect,
+    /// Sending the request or awaiting the response head failed.
+    Send,
+    /// The response body failed after the head was forwarded.
+    Stream,
+}
+
+const ERROR_KINDS: [ErrorKind; 3] = [ErrorKind::Connect, ErrorKind::Send, ErrorKind::Stream];
+
+impl ErrorKind {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Send => "send",
+            ErrorKind::Stream => "stream",
+        }
+    }
+}
+
+const SOURCES: [KeySource; 3] = [KeySource::Header, KeySource::Fingerprint, KeySource::None];
+const OUTCOMES: [Outcome; 6] = [
+    Outcome::Hash,
+    Outcome::Bound,
+    Outcome::Spill,
+    Outcome::Failover,
+    Outcome::LeastLoaded,
+    Outcome::RoundRobin,
+];
+
+fn source_label(s: KeySource) -> &'static str {
+    match s {
+        KeySource::Header => "header",
+        KeySource::Fingerprint => "fingerprint",
+        KeySource::None => "none",
+    }
+}
+
+/// Proxy-wide metric handles.
+#[derive(Clone)]
+pub struct ProxyMetrics {
+    recorder: Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
+    decisions: Arc<Vec<Counter>>,
+    /// Retries on another backend before any response byte.
+    pub retries: Counter,
+    /// Time the proxy adds: body received → request handed to the pool, plus response head
+    /// received → head handed to the client connection.
+    pub overhead: Histogram,
+    /// Requests refused before reaching any backend, by status.
+    no_backend: Arc<Mutex<HashMap<u16, Counter>>>,
+    bound_sessions: Gauge,
+    sessions: Gauge,
+    reloads_ok: Counter,
+    reloads_failed: Counter,
+}
+
+/// Metric handles of one backend.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    recorder: Arc<PrometheusRecorder>,
+    name: SharedString,
+    by_status: Arc<Mutex<HashMap<u16, Counter>>>,
+    /// Request sent → response body finished.
+    pub latency: Histogram,
+    /// Request sent → first response body byte (response head for an empty body).
+    pub ttfb: Histogram,
+    errors: Arc<Vec<Counter>>,
+    in_flight: Gauge,
+    healthy: Gauge,
+    draining: Gauge,
+    sessions: Gauge,
+}
+
+impl std::fmt::Debug for BackendMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendMetrics")
+            .field("backend", &self.name)
+            .finish()
+    }
+}
+
+fn key(name: &'static str, labels: Vec<Label>) -> Key {
+    Key::from_parts(name, labels)
+}
+
+impl Default for ProxyMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProxyMetrics {
+    /// A fresh recorder with every proxy-wide series registered and described.
+    pub fn new() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("agentrace_proxy_overhead_seconds".into()),
+                    OVERHEAD_BUCKETS,
+                )
+            })
+            .expect("static bucket lists are non-empty")
+            .build_recorder();
+        describe(&recorder);
+        let handle = recorder.handle();
+        let r = &recorder;
+        let mut decisions = Vec::new();
+        for s in SOURCES {
+            for o in OUTCOMES {
+                decisions.push(r.register_counter(
+                    &key(
+                        "agentrace_affinity_decisions_total",
+                        vec![
+                            Label::new("source", source_label(s)),
+                            Label::new("outcome", o.as_str()),
+                        ],
+                    ),
+                    &META,
+                ));
+            }
+        }
+        let retries = r.register_counter(&key("agentrace_retries_total", vec![]), &META);
+        let overhead =
+            r.register_histogram(&key("agentrace_proxy_overhead_seconds", vec![]), &META);
+        let bound_sessions = r.register_gauge(&key("agentrace_bound_sessions", vec![]), &META);
+        let sessions = r.register_gauge(&key("agentrace_sessions", vec![]), &META);
+        let reload = |result: &'static str| {
+            r.register_counter(
+                &key(
+                    "agentrace_config_reloads_total",
+                    vec![Label::new("result", result)],
+                ),
+                &META,
+            )
+        };
+        let (reloads_ok, reloads_failed) = (reload("ok"), reload("refused"));
+        Self {
+            handle,
+            decisions: Arc::new(decisions),
+            retries,
+            overhead,
+            no_backend: Arc::default(),
+            bound_sessions,
+            sessions,
+            reloads_ok,
+            reloads_failed,
+            recorder: Arc::new(recorder),
+        }
+    }
+
+    /// Handles for a backend's series.
+    pub fn backend(&self, name: &str) -> BackendMetrics {
+        let r = &*self.recorder;
+        let name = SharedString::from(name.to_string());
+        let l = || vec![Label::new("backend", name.clone())];
+        let errors = ERROR_KINDS
+            .iter()
+            .map(|k| {
+                let mut labels = l();
+                labels.push(Label::new("kind", k.as_str()));
+                r.register_counter(&key("agentrace_upstream_errors_total", labels), &META)
+            })
+            .collect();
+        BackendMetrics {
+            recorder: self.recorder.clone(),
+            by_status: Arc::default(),
+            latency: r.register_histogram(&key("agentrace_upstream_latency_seconds", l()), &META),
+            ttfb: r.register_histogram(&key("agentrace_upstream_ttfb_seconds", l()), &META),
+            errors: Arc::new(errors),
+            in_flight: r.register_gauge(&key("agentrace_in_flight", l()), &META),
+            healthy: r.register_gauge(&key("agentrace_backend_healthy", l()), &META),
+            draining: r.register_gauge(&key("agentrace_backend_draining", l()), &META),
+            sessions: r.register_gauge(&key("agentrace_backend_sessions", l()), &META),
+            name,
+        }
+    }
+
+    /// Counts one routing decision.
+    pub fn decision(&self, source: KeySource, outcome: Outcome) {
+        let s = SOURCES.iter().position(|x| *x == source).unwrap_or(0);
+        let o = OUTCOMES.iter().position(|x| *x == outcome).unwrap_or(0);
+        self.decisions[s * OUTCOMES.len() + o].increment(1);
+    }
+
+    /// Counts a response the proxy produced without a backend (413, 502, 503).
+    pub fn refused(&self, status: http::StatusCode) {
+        let code = status.as_u16();
+        let mut map = self.no_backend.lock();
+        map.entry(code)
+            .or_insert_with(|| {
+                self.recorder.register_counter(
+                    &key(
+                        "agentrace_requests_total",
+                        vec![
+                            Label::new("backend", "none"),
+                            Label::new("status", code.to_string()),
+                        ],
+                    ),
+                    &META,
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts a configuration reload attempt.
+    pub fn reload(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.increment(1)
+        } else {
+            self.reloads_failed.increment(1)
+        }
+    }
+
+    /// Folds buffered histogram samples into their buckets (run periodically so samples do
+    /// not pile up between scrapes).
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// The Prometheus text exposition, with gauges refreshed from live state first.
+    pub fn render(
+        &self,
+        pool: &Pool,
+        sessions: &SessionTable,
+        capture: Option<RecorderStats>,
+    ) -> String {
+        for b in &pool.backends {
+            let m = &b.metrics;
+            m.in_flight.set(b.in_flight.load(Ordering::Relaxed) as f64);
+            m.healthy
+                .set(f64::from(u8::from(b.healthy.load(Ordering::Relaxed))));
+            m.draining
+                .set(f64::from(u8::from(b.draining.load(Ordering::Relaxed))));
+            m.sessions
+                .set(b.sessions.load(Ordering::Relaxed).max(0) as f64);
+        }
+        self.bound_sessions.set(sessions.bound() as f64);
+        self.sessions.set(sessions.len() as f64);
+        if let Some(s) = capture {
+            let r = &*self.recorder;
+            let c = |name: &'static str, v: u64| {
+                r.register_counter(&key(name, vec![]), &META).absolute(v);
+            };
+            c("agentrace_capture_records_written_total", s.records_written);
+            c("agentrace_capture_records_dropped_total", s.records_dropped);
+            c("agentrace_capture_write_errors_total", s.write_errors);
+            c("agentrace_capture_bytes_raw_total", s.bytes_raw);
+            c("agentrace_capture_bytes_stored_total", s.bytes_stored);
+        }
+        self.handle.render()
+    }
+}
+
+impl BackendMetrics {
+    /// Counts a finished response by status.
+    pub fn request(&self, status: http::StatusCode) {
+        let code = status.as_u16();
+        let mut map = self.by_status.lock();
+        map.entry(code)
+            .or_insert_with(|| {
+                self.recorder.register_counter(
+                    &key(
+                        "agentrace_requests_total",
+                        vec![
+                            Label::new("backend", self.name.clone()),
+                            Label::new("status", code.to_string()),
+                        ],
+                    ),
+                    &META,
+                )
+            })
+            .increment(1);
+    }
+
+    /// Counts an upstream error.
+    pub fn error(&self, kind: ErrorKind) {
+        let i = ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+        self.errors[i].increment(1);
+    }
+
+    /// Records a duration on a histogram in seconds.
+    pub fn observe(h: &Histogram, d: Duration) {
+        h.record(d.as_secs_f64());
+    }
+}
+
+fn describe(r: &PrometheusRecorder) {
+    let d = |name: &'static str, help: &'static str, kind: u8| {
+        let (k, h) = (KeyName::from(name), SharedString::from(help));
+        match kind {
+            0 => r.describe_counter(k, None, h),
+            1 => r.describe_gauge(k, None, h),
+            _ => r.describe_histogram(k, None, h),
+        }
+    };
+    d(
+        "agentrace_requests_total",
+        "Responses by backend (none: refused by the proxy) and status.",
+        0,
+    );
+    d(
+        "agentrace_upstream_latency_seconds",
+        "Request sent upstream to response body end, per backend.",
+        2,
+    );
+    d(
+        "agentrace_upstream_ttfb_seconds",
+        "Request sent upstream to first response body byte, per backend.",
+        2,
+    );
+    d("agentrace_in_flight", "Requests in flight per backend.", 1);
+    d(
+        "agentrace_backend_healthy",
+        "1 when the backend takes traffic per health checks.",
+        1,
+    );
+    d(
+        "agentrace_backend_draining",
+        "1 when the backend is draining (no new sessions).",
+        1,
+    );
+    d(
+        "agentrace_backend_sessions",
+        "Sessions the session table places on the backend.",
+        1,
+    );
+    d(
+        "agentrace_affinity_decisions_total",
+        "Routing decisions by key source and outcome.",
+        0,
+    );
+    d(
+        "agentrace_bound_sessions",
+        "Sessions bound away from their plain hash (spill, failover).",
+        1,
+    );
+    d(
+        "agentrace_sessions",
+        "Sessions remembered by the session table.",
+        1,
+    );
+    d(
+        "agentrace_retries_total",
+        "Retries on another backend before any response byte.",
+        0,
+    );
+    d(
+        "agentrace_upstream_errors_total",
+        "Upstream errors by backend and kind (connect, send, stream).",
+        0,
+    );
+    d(
+        "agentrace_proxy_overhead_seconds",
+        "Time the proxy itself adds to a request.",
+        2,
+    );
+    d(
+        "agentrace_config_reloads_total",
+        "Configuration reloads by result.",
+        0,
+    );
+    d(
+        "agentrace_capture_records_written_total",
+        "Exchanges the recorder wrote.",
+        0,
+    );
+    d(
+        "agentrace_capture_records_dropped_total",
+        "Exchanges the recorder dropped (queue full).",
+        0,
+    );
+    d(
+        "agentrace_capture_write_errors_total",
+        "Failed recorder writes.",
+        0,
+    );
+    d(
+        "agentrace_capture_bytes_raw_total",
+        "Body bytes the recorder saw.",
+        0,
+    );
+    d(
+        "agentrace_capture_bytes_stored_total",
+        "Compressed bytes the recorder wrote.",
+        0,
+    );
+}

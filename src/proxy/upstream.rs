@@ -1,0 +1,659 @@
+//! Upstream: the pooled client, one request's trip to a backend with failover before the first
+//! byte, and the response body that streams frame by frame while metrics and the tap watch it.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use super::config::UpstreamConfig;
+use super::health;
+use super::metrics::{BackendMetrics, ErrorKind};
+use super::routing::{session_key, Backend};
+use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
+use super::{Inner, ProxyError};
+use crate::http_body::BoxError;
+
+/// The pooled keep-alive client used for every backend (HTTP/1.1, or h2 when TLS ALPN says so).
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Builds the client: rustls (ring) with the configured CA file or the platform roots.
+pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamClient, ProxyError> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = &cfg.ca_file {
+        let tls_err = |reason: String| ProxyError::Tls {
+            file: path.clone(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| tls_err(e.to_string()))?;
+        let certs = rustls_pemfile::certs(&mut pem.as_slice())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls_err(format!("not a PEM certificate bundle: {e}")))?;
+        if certs.is_empty() {
+            return Err(tls_err("no certificate in the file".into()));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| tls_err(format!("bad certificate: {e}")))?;
+        }
+    } else if any_https {
+        let native = rustls_native_certs::load_native_certs();
+        for e in &native.errors {
+            tracing::warn!(error = %e, "could not load some platform CA certificates");
+        }
+        let (added, _) = roots.add_parsable_certificates(native.certs);
+        if added == 0 {
+            tracing::warn!(
+                "no platform CA certificates found: https backends will fail; set upstream.ca_file"
+            );
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxyError::Internal(format!("rustls: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(cfg.pool_idle_timeout_secs))
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_backend)
+        .build(https))
+}
+
+/// Hop-by-hop headers never forwarded (RFC 9110 §7.6.1), plus `host` (rebuilt from the
+/// backend URL) and `expect` (the proxy already holds the whole body).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes hop-by-hop headers, including the ones `Connection` names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// The response body the proxy sends: a streamed upstream body or a small local one.
+pub enum ProxyBody {
+    /// Forwarded frame by frame.
+    Upstream(Box<ObservedBody>),
+    /// Produced by the proxy (errors, admin).
+    Local(Full<Bytes>),
+}
+
+impl HttpBody for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ProxyBody::Upstream(b) => Pin::new(&mut **b).poll_frame(cx),
+            ProxyBody::Local(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Upstream(b) => b.is_end_stream(),
+            ProxyBody::Local(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Upstream(b) => b.size_hint(),
+            ProxyBody::Local(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A proxy-made JSON error response in the OpenAI error shape.
+pub fn error_response(
+    status: StatusCode,
+    kind: &'static str,
+    message: &str,
+) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": kind}});
+    let mut resp = Response::new(ProxyBody::Local(Full::new(Bytes::from(body.to_string()))));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert("x-agentrace-error", HeaderValue::from_static(kind));
+    resp
+}
+
+/// Counts a request in flight on a backend until dropped (response finished or abandoned).
+struct InFlight(Arc<Backend>);
+
+impl InFlight {
+    fn new(backend: Arc<Backend>) -> Self {
+        backend.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(backend)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Handles one client request end to end.
+pub async fn handle(
+    inner: Arc<Inner>,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    tls: bool,
+) -> Response<ProxyBody> {
+    let started_at = Instant::now();
+    let started_unix_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let (parts, body) = req.into_parts();
+
+    let limit = inner.max_request_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return too_large(&inner, limit);
+    }
+    let body = match Limited::new(body, limit as usize).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&inner, limit),
+        Err(e) => {
+            inner.metrics.refused(StatusCode::BAD_REQUEST);
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("could not read the request body: {e}"),
+            );
+        }
+    };
+    let request_received_at = Instant::now();
+
+    let pool = inner.router.pool();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let key = session_key(
+        &parts.headers,
+        &pool.affinity.headers,
+        pool.affinity.fingerprint,
+        &parts.method,
+        path_and_query.path(),
+        &body,
+    );
+    let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
+
+    let headers = forward_headers(&parts.headers, &parts.uri, peer, tls);
+    let client = inner.client.read().clone();
+    let retries = inner.retries.load(Ordering::Relaxed) as usize;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut overhead = request_received_at.elapsed();
+
+    let (backend, in_flight, response, sent_at) = loop {
+        let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
+            inner.metrics.refused(StatusCode::SERVICE_UNAVAILABLE);
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_backend",
+                "no backend is available",
+            );
+        };
+        inner.metrics.decision(key_source, decision.outcome);
+        let backend = pool.backends[decision.index].clone();
+        let in_flight = InFlight::new(backend.clone());
+        let upstream_req =
+            match build_request(&backend, &parts.method, &path_and_query, &headers, &body) {
+                Ok(r) => r,
+                Err(e) => {
+                    inner.metrics.refused(StatusCode::BAD_REQUEST);
+                    return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e);
+                }
+            };
+        let sent_at = Instant::now();
+        if tried.is_empty() {
+            overhead = sent_at.duration_since(request_received_at);
+        }
+        match client.request(upstream_req).await {
+            Ok(resp) => break (backend, in_flight, resp, sent_at),
+            Err(e) => {
+                let kind = if e.is_connect() {
+                    ErrorKind::Connect
+                } else {
+                    ErrorKind::Send
+                };
+                let cause = error_chain(&e);
+                backend.metrics.error(kind);
+                health::on_error(&backend, kind, &pool.health);
+                tried.push(decision.index);
+                if tried.len() <= retries && tried.len() < pool.backends.len() {
+                    inner.metrics.retries.increment(1);
+                    tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; retrying on the next choice");
+                    continue;
+                }
+                tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
+                if let Some(sink) = &inner.sink {
+                    let observer = sink.start(exchange_start(
+                        &key,
+                        key_source,
+                        &backend,
+                        started_unix_ns,
+                        started_at,
+                        request_received_at,
+                        &parts,
+                        &path_and_query,
+                        &body,
+                    ));
+                    observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
+                }
+                inner.metrics.refused(StatusCode::BAD_GATEWAY);
+                return error_response(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    &format!("backend {} failed: {cause}", backend.name),
+                );
+            }
+        }
+    };
+
+    let head_at = Instant::now();
+    let (mut resp_parts, incoming) = response.into_parts();
+    health::on_response(&backend, resp_parts.status, &pool.health);
+    backend.metrics.request(resp_parts.status);
+    strip_hop_by_hop(&mut resp_parts.headers);
+    if let Ok(v) = HeaderValue::from_str(&backend.name) {
+        resp_parts.headers.insert("x-agentrace-backend", v);
+    }
+    // An error event can be appended only to a stream without a declared length.
+    let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
+        && resp_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+
+    let observer = inner.sink.as_ref().map(|sink| {
+        let mut observer = sink.start(exchange_start(
+            &key,
+            key_source,
+            &backend,
+            started_unix_ns,
+            started_at,
+            request_received_at,
+            &parts,
+            &path_and_query,
+            &body,
+        ));
+        observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
+        observer
+    });
+    let observed = ObservedBody {
+        inner: incoming,
+        exchange: Some(Exchange {
+            backend,
+            _in_flight: in_flight,
+            observer,
+            sent_at,
+            got_first_byte: false,
+            sse,
+            at_event_boundary: true,
+        }),
+    };
+    inner
+        .metrics
+        .overhead
+        .record((overhead + head_at.elapsed()).as_secs_f64());
+    Response::from_parts(resp_parts, ProxyBody::Upstream(Box::new(observed)))
+}
+
+fn too_large(inner: &Inner, limit: u64) -> Response<ProxyBody> {
+    inner.metrics.refused(StatusCode::PAYLOAD_TOO_LARGE);
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        &format!("request body exceeds max_request_body_bytes ({limit})"),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exchange_start(
+    key: &Option<super::routing::SessionKey>,
+    key_source: KeySource,
+    backend: &Backend,
+    started_unix_ns: u128,
+    started_at: Instant,
+    request_received_at: Instant,
+    parts: &http::request::Parts,
+    path_and_query: &http::uri::PathAndQuery,
+    body: &Bytes,
+) -> ExchangeStart {
+    ExchangeStart {
+        session_key: key.as_ref().map(|k| k.text.clone()),
+        key_source,
+        backend: backend.name.to_string(),
+        started_unix_ns,
+        started_at,
+        request_received_at,
+        method: parts.method.clone(),
+        path_and_query: path_and_query.as_str().to_string(),
+        request_headers: parts.headers.clone(),
+        request_body: body.clone(),
+    }
+}
+
+/// The message of an error and its causes, for logs and error events.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
+fn forward_headers(original: &HeaderMap, uri: &Uri, peer: SocketAddr, tls: bool) -> HeaderMap {
+    let mut h = original.clone();
+    strip_hop_by_hop(&mut h);
+    h.remove(header::EXPECT);
+    let host = h.remove(header::HOST).or_else(|| {
+        uri.authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let proto = if tls { "https" } else { "http" };
+    let ip = peer.ip();
+    let xff = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        h.insert("x-forwarded-for", v);
+    }
+    h.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    let for_part = if ip.is_ipv6() {
+        format!("for=\"[{ip}]\"")
+    } else {
+        format!("for={ip}")
+    };
+    let mut forwarded = format!("{for_part};proto={proto}");
+    if let Some(host) = host.as_ref().and_then(|v| v.to_str().ok()) {
+        if !h.contains_key("x-forwarded-host") {
+            if let Ok(v) = HeaderValue::from_str(host) {
+                h.insert("x-forwarded-host", v);
+            }
+        }
+        forwarded.push_str(&format!(";host=\"{host}\""));
+    }
+    let forwarded = match h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {forwarded}"),
+        None => forwarded,
+    };
+    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+        h.insert(header::FORWARDED, v);
+    }
+    h
+}
+
+fn build_request(
+    backend: &Backend,
+    method: &http::Method,
+    path_and_query: &http::uri::PathAndQuery,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let pq = if backend.url.base_path.is_empty() {
+        path_and_query.clone()
+    } else {
+        format!("{}{}", backend.url.base_path, path_and_query)
+            .parse()
+            .map_err(|e| format!("bad path: {e}"))?
+    };
+    let uri = Uri::builder()
+        .scheme(backend.url.scheme.clone())
+        .authority(backend.url.authority.clone())
+        .path_and_query(pq)
+        .build()
+        .map_err(|e| format!("bad upstream URI: {e}"))?;
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers.clone();
+    Ok(req)
+}
+
+/// What an in-progress response carries besides its bytes; dropping it ends the exchange.
+struct Exchange {
+    backend: Arc<Backend>,
+    _in_flight: InFlight,
+    observer: Option<Box<dyn ExchangeObserver>>,
+    sent_at: Instant,
+    got_first_byte: bool,
+    sse: bool,
+    at_event_boundary: bool,
+}
+
+impl Exchange {
+    fn finish(mut self, end: ExchangeEnd) {
+        let now = Instant::now();
+        BackendMetrics::observe(
+            &self.backend.metrics.latency,
+            now.duration_since(self.sent_at),
+        );
+        if let Some(observer) = self.observer.take() {
+            observer.end(end, now);
+        }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // Reached only when the body is dropped before its end: the client went away.
+        if let Some(observer) = self.observer.take() {
+            observer.end(ExchangeEnd::ClientGone, Instant::now());
+        }
+    }
+}
+
+pin_project! {
+    /// The upstream body, forwarded frame by frame as it arrives: nothing is buffered, and it
+    /// polls upstream only when the client connection polls it, so backpressure holds. Dropping
+    /// it (client gone) drops the upstream body, which closes that upstream connection and so
+    /// cancels the request on the backend.
+    pub struct ObservedBody {
+        #[pin]
+        inner: Incoming,
+        exchange: Option<Exchange>,
+    }
+}
+
+impl HttpBody for ObservedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let Some(exchange) = this.exchange.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match std::task::ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if !exchange.got_first_byte && !data.is_empty() {
+                        exchange.got_first_byte = true;
+                        BackendMetrics::observe(
+                            &exchange.backend.metrics.ttfb,
+                            exchange.sent_at.elapsed(),
+                        );
+                    }
+                    if exchange.sse && !data.is_empty() {
+                        exchange.at_event_boundary = data.ends_with(b"\n\n");
+                    }
+                    if let Some(observer) = exchange.observer.as_mut() {
+                        observer.response_frame(data, Instant::now());
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            None => {
+                let exchange = this.exchange.take().expect("checked above");
+                if !exchange.got_first_byte {
+                    BackendMetrics::observe(
+                        &exchange.backend.metrics.ttfb,
+                        exchange.sent_at.elapsed(),
+                    );
+                }
+                exchange.finish(ExchangeEnd::Complete);
+                Poll::Ready(None)
+            }
+            Some(Err(e)) => {
+                let mut exchange = this.exchange.take().expect("checked above");
+                let cause = error_chain(&e);
+                exchange.backend.metrics.error(ErrorKind::Stream);
+                tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
+                let sse = exchange.sse;
+                let boundary = exchange.at_event_boundary;
+                let message = format!(
+                    "backend {} failed mid-stream: {cause}",
+                    exchange.backend.name
+                );
+                if sse {
+                    let event = sse_error_event(&message, boundary);
+                    if let Some(observer) = exchange.observer.as_mut() {
+                        observer.response_frame(&event, Instant::now());
+                    }
+                    exchange.finish(ExchangeEnd::UpstreamError(cause));
+                    Poll::Ready(Some(Ok(Frame::data(event))))
+                } else {
+                    exchange.finish(ExchangeEnd::UpstreamError(cause));
+                    Poll::Ready(Some(Err(message.into())))
+                }
+            }
+        }
+    }
+
+    /// Ends only after the inner body said so through `poll_frame`, so the exchange is always
+    /// finished there (and never mistaken for a client that went away).
+    fn is_end_stream(&self) -> bool {
+        self.exchange.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The SSE event that ends a stream cut by the backend; starts with a blank line when the cut
+/// fell inside an event, so the error is never glued onto a partial one.
+fn sse_error_event(message: &str, at_boundary: bool) -> Bytes {
+    let payload = serde_json::json!({"error": {"message": message, "type": "upstream_error"}});
+    let prefix = if at_boundary { "" } else { "\n\n" };
+    Bytes::from(format!("{prefix}data: {payload}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_listed_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, x-private".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("x-session-id", "s1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-session-id"));
+    }
+
+    #[test]
+    fn forwarded_headers_append_the_peer() {
+        let mut h = HeaderMap::new();
+        h.insert("host", "proxy.local".parse().unwrap());
+        h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        let out = forward_headers(
+            &h,
+            &Uri::from_static("/"),
+            "192.0.2.7:5000".parse().unwrap(),
+            false,
+        );
+        assert_eq!(out["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+        assert_eq!(
+            out["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"proxy.local\""
+        );
+        assert_eq!(out["x-forwarded-host"], "proxy.local");
+        assert!(!out.contains_key("host"));
+    }
+
+    #[test]
+    fn sse_error_event_is_a_complete_event() {
+        let e = sse_error_event("boom \"x\"", true);
+        let text = std::str::from_utf8(&e).unwrap();
+        assert!(text.starts_with("data: {"));
+        assert!(text.ends_with("\n\n"));
+        let json: serde_json::Value =
+            serde_json::from_str(text.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(json["error"]["type"], "upstream_error");
+        assert!(sse_error_event("x", false).starts_with(b"\n\ndata: "));
+    }
+}

@@ -1,0 +1,580 @@
+//! HTTP/1.1 client for the replayer: one keep-alive connection per slot, the request written in
+//! one call, the response read and de-chunked as it arrives, SSE events found by an incremental
+//! line scan and stamped at socket receipt. Nothing is parsed as JSON here.
+//!
+//! Owning the socket is what makes the stamps honest: ISSUED is taken immediately before the
+//! request bytes reach the kernel, every event carries the time of the `read` that completed
+//! it, and dropping the exchange future closes the connection (a timed-out turn is cancelled on
+//! the server, not left running).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The TCP (or TLS) connection could not be set up.
+    #[error("connect to {addr}: {message}")]
+    Connect {
+        /// host:port.
+        addr: String,
+        /// The cause.
+        message: String,
+    },
+    /// Reading or writing the socket failed.
+    #[error("transport: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent something that is not HTTP/1.1.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The connection closed before the response was complete.
+    #[error("connection closed before the response was complete")]
+    Truncated,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `https`?
+    pub tls: bool,
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Request path of chat completions (base path + `/v1/chat/completions`).
+    pub path: String,
+}
+
+impl Target {
+    /// Parses `http://host:port[/prefix]` or `https://…`.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("not a URL ({e})"))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err("scheme must be http or https".into()),
+        };
+        let host = uri.host().ok_or("missing host")?.to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let base = uri.path().trim_end_matches('/');
+        Ok(Target {
+            tls,
+            host,
+            port,
+            path: format!("{base}/v1/chat/completions"),
+        })
+    }
+
+    fn host_header(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match (self.tls, self.port) {
+            (false, 80) | (true, 443) => host,
+            _ => format!("{host}:{}", self.port),
+        }
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Opens connections to one target; shared by every slot of a run.
+#[derive(Clone)]
+pub struct Connector {
+    target: Arc<Target>,
+    tls: Option<tokio_rustls::TlsConnector>,
+    connect_timeout: Duration,
+    head_prefix: Arc<[u8]>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// A connector; `api_key` goes into every request's `Authorization` header.
+    pub fn new(
+        target: Target,
+        api_key: Option<&str>,
+        connect_timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let tls = if target.tls {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
+        } else {
+            None
+        };
+        // Header order as the reference: Host, Authorization, Content-Type, then per request
+        // Accept, routing headers, Content-Length.
+        let mut head = format!(
+            "POST {} HTTP/1.1\r\nHost: {}\r\n",
+            target.path,
+            target.host_header()
+        );
+        if let Some(key) = api_key {
+            head.push_str(&format!("Authorization: Bearer {key}\r\n"));
+        }
+        head.push_str("Content-Type: application/json\r\n");
+        Ok(Self {
+            target: Arc::new(target),
+            tls,
+            connect_timeout,
+            head_prefix: head.into_bytes().into(),
+        })
+    }
+
+    /// The full request bytes: head and body in one buffer, so one write sends it.
+    pub fn request_bytes(&self, streaming: bool, routing: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.head_prefix.len() + 160 + body.len());
+        out.extend_from_slice(&self.head_prefix);
+        out.extend_from_slice(if streaming {
+            b"Accept: text/event-stream\r\n"
+        } else {
+            b"Accept: application/json\r\n"
+        });
+        for (name, value) in routing {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Opens a new connection.
+    pub async fn connect(&self) -> Result<Conn, ClientError> {
+        let addr = format!("{}:{}", self.target.host, self.target.port);
+        let fail = |message: String| ClientError::Connect {
+            addr: addr.clone(),
+            message,
+        };
+        let tcp = tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((self.target.host.as_str(), self.target.port)),
+        )
+        .await
+        .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
+        .map_err(|e| fail(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &self.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::try_from(self.target.host.clone())
+                    .map_err(|e| fail(e.to_string()))?;
+                Box::new(
+                    tls.connect(name, tcp)
+                        .await
+                        .map_err(|e| fail(e.to_string()))?,
+                )
+            }
+        };
+        Ok(Conn {
+            io,
+            buf: BytesMut::with_capacity(16 * 1024),
+            last_used: Instant::now(),
+        })
+    }
+}
+
+/// One keep-alive connection, owned by one slot.
+pub struct Conn {
+    io: Box<dyn Io>,
+    buf: BytesMut,
+    last_used: Instant,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").finish_non_exhaustive()
+    }
+}
+
+/// One SSE event: where its bytes are in the decoded body and when they arrived.
+#[derive(Debug, Clone, Copy)]
+pub struct SseEvent {
+    /// Start offset in [`Response::body`].
+    pub start: usize,
+    /// End offset (exclusive, before the blank line).
+    pub end: usize,
+    /// When the `read` that completed the event returned.
+    pub at: Instant,
+}
+
+/// A complete response with its socket-level stamps.
+#[derive(Debug)]
+pub struct Response {
+    /// HTTP status.
+    pub status: u16,
+    /// De-chunked body bytes.
+    pub body: BytesMut,
+    /// SSE events found in the body (empty for a JSON response).
+    pub events: Vec<SseEvent>,
+    /// When the first response byte arrived.
+    pub first_byte: Instant,
+    /// When the last body byte arrived.
+    pub last_byte: Instant,
+    /// Whether the connection can carry another request.
+    pub reusable: bool,
+}
+
+impl Conn {
+    /// True when the peer closed (or wrote unasked) while the connection sat idle.
+    pub fn is_stale(&mut self, max_idle: Duration) -> bool {
+        if self.last_used.elapsed() > max_idle || !self.buf.is_empty() {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        futures_util::FutureExt::now_or_never(self.io.read(&mut probe)).is_some()
+    }
+
+    /// Sends `request` and reads the whole response. `issued` receives the instant taken
+    /// immediately before the write. Dropping the future closes nothing by itself: the
+    /// caller drops the `Conn` after a timeout so the server sees the disconnect.
+    pub async fn exchange(
+        &mut self,
+        request: &[u8],
+        issued: &mut Option<Instant>,
+    ) -> Result<Response, ClientError> {
+        self.buf.clear();
+        *issued = Some(Instant::now());
+        self.io.write_all(request).await?;
+        self.io.flush().await?;
+
+        let mut reader = ResponseReader::default();
+        let mut first_byte = None;
+        loop {
+            if self.buf.capacity() - self.buf.len() < 8 * 1024 {
+                self.buf.reserve(16 * 1024);
+            }
+            let n = self.io.read_buf(&mut self.buf).await?;
+            let now = Instant::now();
+            first_byte.get_or_insert(now);
+            if n == 0 {
+                if reader.body_until_eof() {
+                    reader.finish_eof(now);
+                    break;
+                }
+                return Err(ClientError::Truncated);
+            }
+            if reader.feed(&mut self.buf, now)? {
+                break;
+            }
+        }
+        self.last_used = Instant::now();
+        let first_byte = first_byte.unwrap_or(self.last_used);
+        let last_byte = reader.last_byte.unwrap_or(first_byte);
+        Ok(Response {
+            status: reader.status,
+            reusable: reader.keep_alive && self.buf.is_empty(),
+            body: reader.body,
+            events: reader.events,
+            first_byte,
+            last_byte,
+        })
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Framing {
+    #[default]
+    Head,
+    Length(usize),
+    /// Inside a chunk with this many data bytes left.
+    ChunkData(usize),
+    /// Expecting a chunk-size line.
+    ChunkSize,
+    /// Expecting the CRLF after a chunk's data.
+    ChunkCrlf,
+    /// After the zero chunk: trailers until a blank line.
+    Trailers,
+    UntilEof,
+    Done,
+}
+
+/// Incremental response parser: head, then de-chunking, then the SSE line scan.
+#[derive(Debug, Default)]
+struct ResponseReader {
+    framing: Framing,
+    status: u16,
+    keep_alive: bool,
+    body: BytesMut,
+    events: Vec<SseEvent>,
+    /// Where the line scan resumes.
+    scan_pos: usize,
+    /// Start of the event being accumulated.
+    event_start: usize,
+    last_byte: Option<Instant>,
+}
+
+impl ResponseReader {
+    fn body_until_eof(&self) -> bool {
+        self.framing == Framing::UntilEof
+    }
+
+    fn finish_eof(&mut self, now: Instant) {
+        self.scan(now, true);
+        self.framing = Framing::Done;
+    }
+
+    /// Consumes what it can from `buf`; true once the response is complete.
+    fn feed(&mut self, buf: &mut BytesMut, now: Instant) -> Result<bool, ClientError> {
+        loop {
+            match self.framing {
+                Framing::Head => {
+                    let mut headers = [httparse::EMPTY_HEADER; 64];
+                    let mut resp = httparse::Response::new(&mut headers);
+                    let len = match resp
+                        .parse(buf)
+                        .map_err(|e| ClientError::Protocol(format!("response head: {e}")))?
+                    {
+                        httparse::Status::Partial => return Ok(false),
+                        httparse::Status::Complete(len) => len,
+                    };
+                    self.status = resp.code.unwrap_or(0);
+                    self.keep_alive = resp.version == Some(1);
+                    let mut length = None;
+                    let mut chunked = false;
+                    for h in resp.headers.iter() {
+                        if h.name.eq_ignore_ascii_case("content-length") {
+                            length = std::str::from_utf8(h.value)
+                                .ok()
+                                .and_then(|v| v.trim().parse::<usize>().ok());
+                        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                            chunked = h.value.to_ascii_lowercase().ends_with(b"chunked");
+                        } else if h.name.eq_ignore_ascii_case("connection") {
+                            let v = h.value.to_ascii_lowercase();
+                            if v == b"close" {
+                                self.keep_alive = false;
+                            } else if v == b"keep-alive" {
+                                self.keep_alive = true;
+                            }
+                        }
+                    }
+                    buf.advance(len);
+                    self.framing = if (100..200).contains(&self.status) {
+                        Framing::Head
+                    } else if chunked {
+                        Framing::ChunkSize
+                    } else if let Some(n) = length {
+                        if n == 0 {
+                            Framing::Done
+                        } else {
+                            Framing::Length(n)
+                        }
+                    } else {
+                        self.keep_alive = false;
+                        Framing::UntilEof
+                    };
+                    self.last_byte = Some(now);
+                }
+                Framing::Length(left) => {
+                    if buf.is_empty() {
+                        return Ok(false);
+                    }
+                    let take = left.min(buf.len());
+                    self.body.extend_from_slice(&buf.split_to(take));
+                    self.framing = if take == left {
+                        Framing::Done
+                    } else {
+                        Framing::Length(left - take)
+                    };
+                    self.scan(now, self.framing == Framing::Done);
+                }
+                Framing::UntilEof => {
+                    if buf.is_empty() {
+                        return Ok(false);
+                    }
+                    self.body.extend_from_slice(&buf.split());
+                    self.scan(now, false);
+                }
+                Framing::ChunkSize => {
+                    let Some(nl) = memchr::memchr(b'\n', buf) else {
+                        if buf.len() > 1024 {
+                            return Err(ClientError::Protocol("chunk size line too long".into()));
+                        }
+                        return Ok(false);
+                    };
+                    let line = std::str::from_utf8(&buf[..nl])
+                        .map_err(|_| ClientError::Protocol("chunk size is not ASCII".into()))?;
+                    let hex = line.trim().split(';').next().unwrap_or("").trim();
+                    let size = usize::from_str_radix(hex, 16)
+                        .map_err(|_| ClientError::Protocol(format!("bad chunk size {hex:?}")))?;
+                    buf.advance(nl + 1);
+                    self.framing = if size == 0 {
+                        Framing::Trailers
+                    } else {
+                        Framing::ChunkData(size)
+                    };
+                }
+                Framing::ChunkData(left) => {
+                    if buf.is_empty() {
+                        return Ok(false);
+                    }
+                    let take = left.min(buf.len());
+                    self.body.extend_from_slice(&buf.split_to(take));
+                    self.framing = if take == left {
+                        Framing::ChunkCrlf
+                    } else {
+                        Framing::ChunkData(left - take)
+                    };
+                    self.scan(now, false);
+                }
+                Framing::ChunkCrlf => {
+                    if buf.len() < 2 {
+                        if buf.first().is_some_and(|b| *b != b'\r') {
+                            return Err(ClientError::Protocol("missing CRLF after chunk".into()));
+                        }
+                        return Ok(false);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(ClientError::Protocol("missing CRLF after chunk".into()));
+                    }
+                    buf.advance(2);
+                    self.framing = Framing::ChunkSize;
+                }
+                Framing::Trailers => {
+                    let Some(nl) = memchr::memchr(b'\n', buf) else {
+                        return Ok(false);
+                    };
+                    let blank = buf[..nl].iter().all(|b| *b == b'\r');
+                    buf.advance(nl + 1);
+                    if blank {
+                        self.framing = Framing::Done;
+                        self.scan(now, true);
+                    }
+                }
+                Framing::Done => {
+                    self.last_byte = Some(now);
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Advances the line scan over newly decoded bytes: a blank line ends an event. Every
+    /// byte is looked at once, so the work is linear in the response size.
+    fn scan(&mut self, now: Instant, at_end: bool) {
+        self.last_byte = Some(now);
+        while let Some(off) = memchr::memchr(b'\n', &self.body[self.scan_pos..]) {
+            let nl = self.scan_pos + off;
+            let line_start = self.scan_pos;
+            self.scan_pos = nl + 1;
+            let blank = self.body[line_start..nl].iter().all(|b| *b == b'\r');
+            if blank {
+                let mut end = line_start;
+                while end > self.event_start && matches!(self.body[end - 1], b'\n' | b'\r') {
+                    end -= 1;
+                }
+                if end > self.event_start {
+                    self.events.push(SseEvent {
+                        start: self.event_start,
+                        end,
+                        at: now,
+                    });
+                }
+                self.event_start = self.scan_pos;
+            }
+        }
+        if at_end && self.body.len() > self.event_start {
+            let tail = &self.body[self.event_start..];
+            if !tail.iter().all(|b| b.is_ascii_whitespace()) {
+                self.events.push(SseEvent {
+                    start: self.event_start,
+                    end: self.body.len(),
+                    at: now,
+                });
+            }
+            self.event_start = self.body.len();
+            self.scan_pos = self.body.len();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(parts: &[&[u8]]) -> ResponseReader {
+        let mut r = ResponseReader::default();
+        let mut buf = BytesMut::new();
+        let now = Instant::now();
+        for p in parts {
+            buf.extend_from_slice(p);
+            if r.feed(&mut buf, now).unwrap() {
+                break;
+            }
+        }
+        r
+    }
+
+    #[test]
+    fn chunked_sse_split_anywhere_yields_the_same_events() {
+        let wire: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n\
+            a\r\ndata: {}\n\n\r\n\
+            13\r\ndata: {\"a\":1}\n\ndata\r\n\
+            c\r\n: [DONE]\r\n\r\n\r\n\
+            0\r\n\r\n";
+        for split in 1..wire.len() {
+            let r = feed_all(&[&wire[..split], &wire[split..]]);
+            assert_eq!(r.framing, Framing::Done, "split at {split}");
+            let texts: Vec<&[u8]> = r.events.iter().map(|e| &r.body[e.start..e.end]).collect();
+            assert_eq!(
+                texts,
+                vec![
+                    &b"data: {}"[..],
+                    &b"data: {\"a\":1}"[..],
+                    &b"data: [DONE]"[..]
+                ],
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn content_length_body_completes_without_eof() {
+        let r = feed_all(&[
+            b"HTTP/1.1 500 Internal\r\nContent-Length: 5\r\n\r\nhel",
+            b"lo",
+        ]);
+        assert_eq!(r.framing, Framing::Done);
+        assert_eq!(r.status, 500);
+        assert_eq!(&r.body[..], b"hello");
+        assert!(r.keep_alive);
+    }
+
+    #[test]
+    fn target_parse_builds_the_chat_path() {
+        let t = Target::parse("http://127.0.0.1:9000/base/").unwrap();
+        assert_eq!(t.path, "/base/v1/chat/completions");
+        assert_eq!(t.host_header(), "127.0.0.1:9000");
+        assert!(Target::parse("ftp://x").is_err());
+    }
+}

@@ -1,0 +1,283 @@
+//! The run configuration of one replay: TOML with unknown keys rejected, overridable by flags,
+//! validated before any connection is opened.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for this struct.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// What the parser said (names the key and line).
+        message: String,
+    },
+    /// A field has a value the replayer cannot use.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The dotted field name.
+        field: &'static str,
+        /// What is wrong, with the value.
+        message: String,
+    },
+}
+
+/// How much of each prompt `sample.issued` records carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogPrompts {
+    /// A one-line reference: source id, turn, message count, body size and hash.
+    #[default]
+    Compact,
+    /// The whole salted history, tools and template kwargs, as the reference writes them.
+    Full,
+}
+
+/// Everything one replay needs; `agentrace replay` flags override the TOML values.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplayConfig {
+    /// Base URL of the OpenAI-compatible endpoint (`http://host:port`, optional path prefix).
+    pub target: String,
+    /// Dataset file; the standard set is generated and used when absent.
+    pub dataset: Option<PathBuf>,
+    /// Model preset (`qwen3.6-35b-a3b`, `kimi-k3`) giving sampling parameters and gates.
+    pub model: Option<String>,
+    /// Overrides the preset's `model` name on the wire.
+    pub model_name: Option<String>,
+    /// Number of slots: active trajectories, each with at most one request in flight.
+    pub concurrency: usize,
+    /// Trajectory budget; `None` = one pass over the dataset.
+    pub num_trajectories: Option<u64>,
+    /// Trajectories run before the performance window and excluded from every result.
+    pub warmup_trajectories: u64,
+    /// Salt the system prompt per repeat and conversation, exactly as the reference.
+    pub enable_salt: bool,
+    /// Honour `delay_seconds` end-to-start.
+    pub inject_tool_delay: bool,
+    /// Multiplies every delay (2.0 = twice as slow, 0.5 = twice as fast).
+    pub time_scale: f64,
+    /// A turn that has not completed this long after it was issued is cancelled and fails.
+    pub turn_timeout_s: f64,
+    /// Connecting to the target gives up after this long.
+    pub connect_timeout_s: f64,
+    /// Stop issuing turns of active trajectories when the performance window ends.
+    pub stop_issuing_on_first_user_complete: bool,
+    /// Header names that carry the logical conversation id (every one the same value).
+    pub routing_headers: Vec<String>,
+    /// Name of the environment variable holding the API key (the key itself never appears).
+    pub api_key_env: Option<String>,
+    /// Ask streaming servers for token usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// Wall-clock cap on the performance phase in seconds (0 = none).
+    pub max_duration_s: f64,
+    /// ISSUED records: compact (default) or full prompts.
+    pub log_prompts: LogPrompts,
+    /// Write `sample.recv_non_first` for every streamed event after the first.
+    pub log_chunks: bool,
+    /// Sleep to ~1 ms before each deadline, then yield until it (sub-millisecond pacing).
+    pub precise_pacing: bool,
+    /// Inline accuracy gate; the preset's threshold when absent.
+    pub accuracy_threshold: Option<f64>,
+    /// OSL per-turn mean band `[low, high]`; the preset's band when absent.
+    pub osl_band: Option<[f64; 2]>,
+    /// Live progress line on stderr.
+    pub progress: bool,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            target: String::new(),
+            dataset: None,
+            model: None,
+            model_name: None,
+            concurrency: 8,
+            num_trajectories: None,
+            warmup_trajectories: 0,
+            enable_salt: true,
+            inject_tool_delay: true,
+            time_scale: 1.0,
+            turn_timeout_s: 86_400.0,
+            connect_timeout_s: 10.0,
+            stop_issuing_on_first_user_complete: false,
+            routing_headers: vec!["X-Session-ID".to_string()],
+            api_key_env: None,
+            include_usage: true,
+            max_duration_s: 0.0,
+            log_prompts: LogPrompts::Compact,
+            log_chunks: false,
+            precise_pacing: true,
+            accuracy_threshold: None,
+            osl_band: None,
+            progress: false,
+        }
+    }
+}
+
+/// Accuracy and output-length gates of an official model (reference §18).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Gates {
+    /// Minimum inline accuracy (a fraction).
+    pub accuracy: f64,
+    /// OSL per-turn mean band in tokens.
+    pub osl_band: [f64; 2],
+}
+
+/// The gates of a known preset.
+pub fn preset_gates(preset: &str) -> Option<Gates> {
+    match preset {
+        "qwen3.6-35b-a3b" => Some(Gates {
+            accuracy: 0.5586,
+            osl_band: [355.0, 434.0],
+        }),
+        "kimi-k3" => Some(Gates {
+            accuracy: 0.5832,
+            osl_band: [390.0, 475.0],
+        }),
+        _ => None,
+    }
+}
+
+impl ReplayConfig {
+    /// Reads a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: "<config>".to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    /// The gates in force: explicit values win over the preset's.
+    pub fn gates(&self) -> Option<Gates> {
+        let preset = self.model.as_deref().and_then(preset_gates);
+        let accuracy = self.accuracy_threshold.or(preset.map(|g| g.accuracy))?;
+        let osl_band = self.osl_band.or(preset.map(|g| g.osl_band))?;
+        Some(Gates { accuracy, osl_band })
+    }
+
+    /// Checks every field; messages name the field and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn bad(field: &'static str, message: String) -> Result<(), ConfigError> {
+            Err(ConfigError::Invalid { field, message })
+        }
+        if self.target.is_empty() {
+            return bad("target", "must be set (e.g. http://127.0.0.1:8080)".into());
+        }
+        if let Err(e) = super::client::Target::parse(&self.target) {
+            return bad("target", format!("{e}, got {:?}", self.target));
+        }
+        if self.concurrency == 0 {
+            return bad("concurrency", "must be >= 1, got 0".into());
+        }
+        if self.num_trajectories == Some(0) {
+            return bad(
+                "num_trajectories",
+                "must be >= 1 (omit it for one pass), got 0".into(),
+            );
+        }
+        if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
+            return bad(
+                "time_scale",
+                format!("must be a finite number >= 0, got {}", self.time_scale),
+            );
+        }
+        if !(self.turn_timeout_s.is_finite() && self.turn_timeout_s > 0.0) {
+            return bad(
+                "turn_timeout_s",
+                format!("must be > 0, got {}", self.turn_timeout_s),
+            );
+        }
+        if !(self.connect_timeout_s.is_finite() && self.connect_timeout_s > 0.0) {
+            return bad(
+                "connect_timeout_s",
+                format!("must be > 0, got {}", self.connect_timeout_s),
+            );
+        }
+        if !(self.max_duration_s.is_finite() && self.max_duration_s >= 0.0) {
+            return bad(
+                "max_duration_s",
+                format!("must be >= 0 (0 = no cap), got {}", self.max_duration_s),
+            );
+        }
+        for name in &self.routing_headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return bad(
+                    "routing_headers",
+                    format!("{name:?} is not a valid HTTP header name"),
+                );
+            }
+        }
+        if let Some(model) = &self.model {
+            if crate::dataset::ModelParams::preset(model).is_none() && preset_gates(model).is_none()
+            {
+                return bad(
+                    "model",
+                    format!("unknown preset {model:?} (known: qwen3.6-35b-a3b, kimi-k3)"),
+                );
+            }
+        }
+        if let Some(t) = self.accuracy_threshold {
+            if !(0.0..=1.0).contains(&t) {
+                return bad(
+                    "accuracy_threshold",
+                    format!("must be a fraction in [0, 1], got {t}"),
+                );
+            }
+        }
+        if let Some([lo, hi]) = self.osl_band {
+            if !(lo.is_finite() && hi.is_finite() && lo >= 0.0 && lo <= hi) {
+                return bad(
+                    "osl_band",
+                    format!("must be [low, high] with 0 <= low <= high, got [{lo}, {hi}]"),
+                );
+            }
+        }
+        if let Some(var) = &self.api_key_env {
+            if var.is_empty() {
+                return bad("api_key_env", "must name an environment variable".into());
+            }
+            if std::env::var_os(var).is_none() {
+                return bad(
+                    "api_key_env",
+                    format!("environment variable {var:?} is not set"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The API key, read from the named environment variable (never stored in the config).
+    pub(crate) fn api_key(&self) -> Option<String> {
+        self.api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+    }
+}
