@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::api::{ChatRequest, CompletionRequest, Message};
-use super::config::{MidStreamFault, ResponderKind, SimConfig};
+use super::config::{MidStreamFault, SimConfig};
 use super::engine::{Command, Event, SimClock, Submission, Timings, TraceContext};
 use super::generate::{self, ChatShape, Delta, Reply, Rng};
 use super::metrics::Metrics;
@@ -287,9 +287,6 @@ impl Replica {
     }
 
     fn oracle_reply(&self, messages: &[Message], rng: &mut Rng) -> Option<Reply> {
-        if self.config.responder.kind != ResponderKind::Oracle {
-            return None;
-        }
         let expected = self.oracle.as_ref()?.lookup(messages)?;
         let (r, c, t) = (
             expected.reasoning_content.as_deref(),
