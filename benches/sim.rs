@@ -15,9 +15,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrace::dataset::{ClientTurn, Conversation, Dataset, ExpectedReply, HistoryMessage, Role};
+use agentrace::dataset::{
+    ClientTurn, Conversation, Dataset, LoadOptions, ModelParams, RequestBuilder, Salt,
+};
 use agentrace::sim::{self, Oracle, ReplicaStats, ResponderKind, SimConfig};
-use serde_json::{json, Value};
+use serde_json::json;
 use support::request;
 
 const SAMPLE: &str = concat!(
@@ -32,7 +34,10 @@ fn main() {
         .find(|a| !a.starts_with('-'))
         .unwrap_or_default();
     let dataset = if Path::new(SAMPLE).exists() {
-        Some(Arc::new(read_sample(Path::new(SAMPLE))))
+        Some(Arc::new(
+            agentrace::dataset::load(Path::new(SAMPLE), &LoadOptions::default())
+                .expect("the sample loads"),
+        ))
     } else {
         println!("skipped the sample replays: {SAMPLE} is absent");
         None
@@ -47,125 +52,11 @@ fn main() {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// The sample as a `Dataset`: a minimal reader for this bench (history and expected replies,
-// as the reference pre-builds them).
-
-fn read_sample(path: &Path) -> Dataset {
-    let text = std::fs::read_to_string(path).expect("read the sample");
-    let mut convs: Vec<(String, Vec<Value>)> = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let row: Value = serde_json::from_str(line).expect("JSON row");
-        let id = row["conversation_id"]
-            .as_str()
-            .expect("conversation_id")
-            .to_string();
-        match convs.last_mut() {
-            Some((last, rows)) if *last == id => rows.push(row),
-            _ => convs.push((id, vec![row])),
-        }
-    }
-    let conversations = convs
-        .into_iter()
-        .map(|(id, mut rows)| {
-            rows.sort_by_key(|r| r["turn"].as_u64());
-            let msg = |role: Role, v: Value| HistoryMessage {
-                role,
-                wire: serde_json::value::RawValue::from_string(v.to_string()).unwrap(),
-            };
-            let mut messages = Vec::new();
-            if let Some(system) = rows.iter().find_map(|r| r["system"].as_str().filter(|s| !s.is_empty())) {
-                messages.push(msg(Role::System, json!({"role": "system", "content": system})));
-            }
-            let tools = rows.iter().find_map(|r| r.get("tools").filter(|t| t.is_array()).cloned());
-            let mut client_turns: Vec<ClientTurn> = Vec::new();
-            for r in &rows {
-                let turn = r["turn"].as_u64().unwrap() as u32;
-                match r["role"].as_str().unwrap() {
-                    "assistant" => {
-                        let mut m = serde_json::Map::new();
-                        m.insert("role".into(), "assistant".into());
-                        for k in ["content", "tool_calls", "reasoning_content"] {
-                            if let Some(v) = r.get(k).filter(|v| !v.is_null()) {
-                                m.insert(k.into(), v.clone());
-                            }
-                        }
-                        messages.push(msg(Role::Assistant, Value::Object(m)));
-                        if let Some(last) = client_turns.last_mut().filter(|t| t.expected.is_none()) {
-                            last.expected = Some(ExpectedReply {
-                                turn,
-                                content: r["content"].as_str().map(str::to_string),
-                                reasoning_content: r["reasoning_content"].as_str().map(str::to_string),
-                                tool_calls: r.get("tool_calls").filter(|v| !v.is_null()).cloned(),
-                                intent_codes: None,
-                            });
-                        }
-                    }
-                    role => {
-                        if role == "user" {
-                            messages.push(msg(Role::User, json!({"role": "user", "content": r["content"]})));
-                        } else {
-                            for result in r["tool_results"].as_array().unwrap() {
-                                messages.push(msg(
-                                    Role::Tool,
-                                    json!({"role": "tool", "content": result["content"], "tool_call_id": result["tool_call_id"]}),
-                                ));
-                            }
-                        }
-                        let mut overrides = serde_json::Map::new();
-                        if let Some(t) = &tools {
-                            overrides.insert("tools".into(), t.clone());
-                        }
-                        client_turns.push(ClientTurn {
-                            turn,
-                            history_len: messages.len(),
-                            delay_seconds: r["delay_seconds"].as_f64().unwrap_or(0.0),
-                            overrides,
-                            expected: None,
-                        });
-                    }
-                }
-            }
-            Arc::new(Conversation { id, messages, client_turns })
-        })
-        .collect();
-    Dataset {
-        path: path.to_path_buf(),
-        sha256: String::new(),
-        conversations,
-    }
-}
-
-/// The reference's salt: 2-byte BLAKE2b of the repeat number and of the conversation id.
-fn salt(input: &str) -> String {
-    use blake2::digest::{Update, VariableOutput};
-    let mut h = blake2::Blake2bVar::new(2).unwrap();
-    h.update(input.as_bytes());
-    let mut out = [0u8; 2];
-    h.finalize_variable(&mut out).unwrap();
-    hex::encode(out)
-}
-
-/// The streaming chat body of one client turn, salted as repeat 1.
+/// The streaming chat body of one client turn, as the replayer sends it (Qwen preset,
+/// usage on), salted as repeat 1.
 fn turn_body(conv: &Conversation, turn: &ClientTurn) -> Vec<u8> {
-    let mut messages: Vec<Value> = conv.messages[..turn.history_len]
-        .iter()
-        .map(|m| serde_json::from_str(m.wire.get()).unwrap())
-        .collect();
-    if let Some(sys) = messages.iter_mut().find(|m| m["role"] == "system") {
-        let content = sys["content"].as_str().unwrap_or("").to_string();
-        sys["content"] = json!(format!(
-            "[salt: {}]\n\n{content}\n\n[salt: {}]",
-            salt("1"),
-            salt(&conv.id)
-        ));
-    }
-    let mut body = json!({"model": "qwen3-30b-a3b", "messages": messages, "max_completion_tokens": 8192,
-        "stream": true, "stream_options": {"include_usage": true}});
-    for (k, v) in &turn.overrides {
-        body[k] = v.clone();
-    }
-    serde_json::to_vec(&body).unwrap()
+    let builder = RequestBuilder::new(ModelParams::preset("qwen3.6-35b-a3b").unwrap(), true);
+    builder.body(conv, turn, Some(&Salt::new(1, &conv.id)))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -359,7 +250,7 @@ impl SimThread {
                 // Effectively no pacing: every simulated sleep is ~0 real time, so only the
                 // simulator's own work is measured.
                 let mut cfg = SimConfig {
-                    time_scale: 1e-9,
+                    time_scale: 1e-6,
                     ..SimConfig::default()
                 };
                 cfg.engine.num_gpu_blocks = 50_000;

@@ -675,3 +675,166 @@ fn cli_rejects_bad_flags_and_serves_until_sigterm() {
     assert!(killed.success());
     assert!(child.wait().unwrap().success());
 }
+
+/// Reasoning, content and tool calls `(id, name, arguments)` of a reply, streamed or not.
+fn reply_parts(r: &Reply) -> (String, String, Vec<(String, String, String)>, String) {
+    if r.headers["content-type"] == "text/event-stream" {
+        let events = r.json_events();
+        let text = |key: &str| -> String {
+            events
+                .iter()
+                .filter_map(|e| e["choices"][0]["delta"][key].as_str().map(str::to_string))
+                .collect()
+        };
+        let finish = events
+            .iter()
+            .find_map(|e| e["choices"][0]["finish_reason"].as_str())
+            .unwrap_or("")
+            .to_string();
+        (
+            text("reasoning_content"),
+            text("content"),
+            assemble_tool_calls(&events),
+            finish,
+        )
+    } else {
+        let v = r.json();
+        let m = &v["choices"][0]["message"];
+        let calls = m["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| {
+                        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+                        (
+                            s(&c["id"]),
+                            s(&c["function"]["name"]),
+                            s(&c["function"]["arguments"]),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+        (
+            s(&m["reasoning_content"]),
+            s(&m["content"]),
+            calls,
+            s(&v["choices"][0]["finish_reason"]),
+        )
+    }
+}
+
+/// True when a reply is exactly the recorded one.
+fn matches_expected(r: &Reply, expected: &ExpectedReply) -> bool {
+    let (reasoning, content, calls, finish) = reply_parts(r);
+    let want_calls: Vec<(String, String, String)> = expected
+        .tool_calls
+        .as_ref()
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    let args = match &c["function"]["arguments"] {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    (
+                        c["id"].as_str().unwrap().to_string(),
+                        c["function"]["name"].as_str().unwrap().to_string(),
+                        args,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let want_finish = if want_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    reasoning == expected.reasoning_content.clone().unwrap_or_default()
+        && content == expected.content.clone().unwrap_or_default()
+        && calls == want_calls
+        && finish == want_finish
+}
+
+/// The oracle on the public sample: turns built by the dataset's request builder and salted
+/// as the reference does (any repeat) are recognised and answered with their recorded
+/// reply; at accuracy 0.5 about half of the answers are right, and the wrong ones differ.
+#[tokio::test(start_paused = true)]
+async fn oracle_replays_recorded_replies_of_salted_sample_turns() {
+    use agentrace::dataset::{LoadOptions, ModelParams, RequestBuilder, Salt};
+    let path = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
+    ));
+    if !path.exists() {
+        println!("skipped: {} is absent", path.display());
+        return;
+    }
+    let dataset = Arc::new(agentrace::dataset::load(path, &LoadOptions::default()).unwrap());
+    let with_reply: usize = dataset
+        .conversations
+        .iter()
+        .map(|c| {
+            c.client_turns
+                .iter()
+                .filter(|t| t.expected.is_some())
+                .count()
+        })
+        .sum();
+    let builder = RequestBuilder::new(ModelParams::preset("qwen3.6-35b-a3b").unwrap(), true);
+    for (accuracy, repeat) in [(1.0, 1), (0.5, 3)] {
+        let oracle = Arc::new(Oracle::new(dataset.clone()).unwrap());
+        assert_eq!(oracle.len(), with_reply);
+        let mut cfg = test_config();
+        cfg.engine.num_gpu_blocks = 50_000;
+        cfg.responder.oracle_accuracy = accuracy;
+        let (trigger, shutdown) = agentrace::shutdown::channel();
+        let cluster = sim::start_with_oracle(
+            cfg,
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            shutdown,
+            Some(oracle),
+        )
+        .unwrap();
+        let sim = Sim::from_parts(cluster, trigger);
+        let (mut asked, mut right) = (0, 0);
+        for conv in &dataset.conversations {
+            let salt = Salt::new(repeat, &conv.id);
+            for turn in conv
+                .client_turns
+                .iter()
+                .step_by(7)
+                .filter(|t| t.expected.is_some())
+            {
+                let r = request(
+                    sim.addr(0),
+                    "POST",
+                    "/v1/chat/completions",
+                    builder.body(conv, turn, Some(&salt)),
+                    &[],
+                )
+                .await;
+                assert_eq!(r.status, 200);
+                asked += 1;
+                right += usize::from(matches_expected(&r, turn.expected.as_ref().unwrap()));
+            }
+        }
+        sim.stop().await;
+        assert!(asked > 100, "only {asked} turns asked");
+        if accuracy == 1.0 {
+            assert_eq!(right, asked);
+        } else {
+            let share = right as f64 / asked as f64;
+            assert!(
+                (0.3..=0.7).contains(&share),
+                "{right} of {asked} right at accuracy 0.5"
+            );
+        }
+    }
+}
