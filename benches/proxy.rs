@@ -236,7 +236,7 @@ async fn start_nginx(nginx: &Path, dir: &Path, backends: &[SocketAddr]) -> Targe
         .collect();
     let conf = format!(
         "worker_processes 2;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-         events {{ worker_connections 8192; }}\n\
+         events {{ worker_connections 4096; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
            fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
            upstream backends {{\n    hash $http_x_session_id consistent;\n{servers}    keepalive 256;\n  }}\n\
@@ -275,7 +275,7 @@ async fn start_haproxy(haproxy: &Path, dir: &Path, backends: &[SocketAddr]) -> T
         .map(|(i, b)| format!("  server gpu-{i} {b}\n"))
         .collect();
     let conf = format!(
-        "global\n  nbthread 2\n  maxconn 20000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 120s\n\
+        "global\n  nbthread 2\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 120s\n\
          timeout server 120s\n  option http-keep-alive\n  http-reuse always\n\
          frontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\n\
          backend be\n  balance hdr(X-Session-ID)\n  hash-type consistent\n{servers}"

@@ -451,18 +451,29 @@ async fn tap_reports_every_exchange_exactly_once() {
     drop(client);
     a.wait_for("cancellation", |c| c.cancelled.load(Ordering::SeqCst) == 1)
         .await;
+    // 3. A response of known length: hyper stops at its last byte, the exchange still completes.
+    a.set_mode(Mode::Json);
+    let (status, _, json) = fetch(
+        &support::backends::client(),
+        "POST",
+        &url,
+        &[("x-session-id", "tap-3")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 200);
     trigger.fire();
     handle.join().await;
 
     let calls = calls.lock();
-    assert_eq!(calls.starts.len(), 2);
+    assert_eq!(calls.starts.len(), 3);
     assert_eq!(
         calls.ends.len(),
-        2,
+        3,
         "end exactly once per exchange: {:?}",
         calls.ends
     );
-    assert_eq!(calls.heads, [200, 200]);
+    assert_eq!(calls.heads, [200, 200, 200]);
     let s = &calls.starts[0];
     assert_eq!(s.backend, "a");
     assert_eq!(s.session_key.as_deref(), Some("tap-1"));
@@ -479,6 +490,8 @@ async fn tap_reports_every_exchange_exactly_once() {
     );
     assert_eq!(calls.ends[0], ExchangeEnd::Complete);
     assert_eq!(calls.ends[1], ExchangeEnd::ClientGone);
+    assert_eq!(calls.ends[2], ExchangeEnd::Complete);
+    assert!(tapped.ends_with(&json), "the JSON body was reported");
 }
 
 /// A body above `max_request_body_bytes` is refused with 413 and never reaches a backend.
@@ -609,4 +622,62 @@ async fn h2c_ingress_is_served() {
     assert_eq!(resp.status(), 200);
     assert_eq!(served_by(resp.headers()), "a");
     proxy.shutdown().await;
+}
+
+/// With `[capture]` on, the recorder behind the proxy receives every exchange, its counters
+/// show on /metrics, and `join` leaves finished segment files.
+#[tokio::test]
+async fn capture_records_exchanges_passing_through() {
+    let sse = TestBackend::spawn_with(
+        "sse",
+        Mode::Sse {
+            events: 3,
+            gated: false,
+            cut_after: None,
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(&[&sse]);
+    config.capture.enabled = true;
+    config.capture.dir = dir.path().to_path_buf();
+    config.capture.flush_interval_ms = 50;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let (status, _, body) = fetch(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "rec")],
+        chat_body("rec", 0),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains("agentrace_capture_records_dropped_total 0"),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+
+    let capture = agentrace::capture::reader::read_dir(dir.path()).unwrap();
+    assert_eq!(capture.exchanges.len(), 1);
+    let ex = &capture.exchanges[0];
+    assert_eq!(ex.record.session.as_deref(), Some("rec"));
+    assert_eq!(ex.record.backend, "sse");
+    assert_eq!(
+        ex.request_body.as_deref(),
+        Some(chat_body("rec", 0).as_bytes())
+    );
+    assert_eq!(
+        ex.response_body.as_deref(),
+        Some(&body[..]),
+        "the stream as the client saw it"
+    );
 }
