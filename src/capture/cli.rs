@@ -161,7 +161,7 @@ fn ls(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
             format!("{} .. {}", format::rfc3339(a), format::rfc3339(b))
         });
         let status = r.cut().map_or("ok".to_owned(), |c| {
-            format!("cut after {} records: {}", c.records, c.reason)
+            format!("cut after {} lines: {}", c.records, c.reason)
         });
         writeln!(
             out,
