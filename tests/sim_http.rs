@@ -256,7 +256,8 @@ async fn bad_requests_get_openai_style_400s_and_unknown_fields_are_ignored() {
 
 /// Faults: `fail_rate` is an HTTP 500 before any token; `fail_mid_stream_rate` cuts a stream
 /// after some tokens with an error event and `[DONE]` (or a cut connection); `hang_rate`
-/// never answers; `max_queue` answers 503 with Retry-After once the queue is full.
+/// never answers; `max_queue` answers 503 with Retry-After once the queue is full;
+/// `fail_status` picks the status and `extra_delay_ms` delays the first token.
 #[tokio::test(start_paused = true)]
 async fn fault_flags_fail_cut_hang_and_shed_as_configured() {
     let with = |f: &dyn Fn(&mut SimConfig)| {
@@ -271,6 +272,23 @@ async fn fault_flags_fail_cut_hang_and_shed_as_configured() {
     assert_eq!(r.status, 500);
     assert_eq!(r.json()["error"]["code"], 500);
     sim.stop().await;
+
+    let sim = with(&|c| {
+        c.faults.fail_rate = 1.0;
+        c.faults.fail_status = 429;
+    });
+    assert_eq!(chat(sim.addr(0), &body).await.status, 429);
+    sim.stop().await;
+
+    // An extra delay postpones the first token by that much simulated time.
+    let base = with(&|_| {});
+    let slow = with(&|c| c.faults.extra_delay_ms = 500.0);
+    let fast_r = chat(base.addr(0), &body).await;
+    let slow_r = chat(slow.addr(0), &body).await;
+    let extra = slow_r.ttft().as_secs_f64() - fast_r.ttft().as_secs_f64();
+    assert!((0.499..0.502).contains(&extra), "extra delay {extra}");
+    base.stop().await;
+    slow.stop().await;
 
     let sim = with(&|c| c.faults.fail_mid_stream_rate = 1.0);
     let r = chat(sim.addr(0), &body).await;

@@ -54,6 +54,12 @@ pub struct SimSettings {
     /// Probability of HTTP 500 before the first token.
     #[arg(long)]
     pub fail_rate: Option<f64>,
+    /// HTTP status of those failures.
+    #[arg(long)]
+    pub fail_status: Option<u16>,
+    /// Extra simulated delay before each request reaches the engine, ms.
+    #[arg(long)]
+    pub extra_delay_ms: Option<f64>,
     /// Probability of a stream cut after some tokens.
     #[arg(long)]
     pub fail_mid_stream_rate: Option<f64>,
@@ -101,6 +107,8 @@ impl SimSettings {
         set!(self.responder => responder.kind);
         set!(self.oracle_accuracy => responder.oracle_accuracy);
         set!(self.fail_rate => faults.fail_rate);
+        set!(self.fail_status => faults.fail_status);
+        set!(self.extra_delay_ms => faults.extra_delay_ms);
         set!(self.fail_mid_stream_rate => faults.fail_mid_stream_rate);
         set!(self.mid_stream => faults.mid_stream);
         set!(self.hang_rate => faults.hang_rate);

@@ -119,6 +119,8 @@ pub enum MidStreamFault {
 pub struct FaultConfig {
     /// Probability of an HTTP 500 before the first token.
     pub fail_rate: f64,
+    /// HTTP status of those failures (500 by default; 429 or 503 exercise retry paths).
+    pub fail_status: u16,
     /// Probability that a stream is cut after some tokens.
     pub fail_mid_stream_rate: f64,
     /// How a mid-stream failure looks.
@@ -188,6 +190,7 @@ impl Default for FaultConfig {
     fn default() -> Self {
         Self {
             fail_rate: 0.0,
+            fail_status: 500,
             fail_mid_stream_rate: 0.0,
             mid_stream: MidStreamFault::ErrorEvent,
             hang_rate: 0.0,
@@ -460,6 +463,12 @@ impl SimConfig {
             "faults.hang_rate",
             "must be in [0, 1]",
             f.hang_rate,
+        )?;
+        check(
+            (400..=599).contains(&f.fail_status),
+            "faults.fail_status",
+            "must be an HTTP error status (400..=599)",
+            f.fail_status,
         )?;
         check(
             f.fail_rate + f.fail_mid_stream_rate + f.hang_rate <= 1.0,

@@ -343,10 +343,9 @@ impl Replica {
         let f = &cfg.faults;
         let draw = fault_rng.next_f64();
         if draw < f.fail_rate {
-            return Err(HttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "simulated failure",
-            ));
+            let status =
+                StatusCode::from_u16(f.fail_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(HttpError::new(status, "simulated failure"));
         }
         if draw < f.fail_rate + f.hang_rate {
             self.shutdown.clone().wait().await;
