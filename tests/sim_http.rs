@@ -380,10 +380,21 @@ async fn metrics_use_vllm_names_and_belong_to_their_replica() {
     assert_eq!(metric(&text, "vllm:generation_tokens_total"), 16.0);
     assert_eq!(metric(&text, "vllm:e2e_request_latency_seconds_count"), 2.0);
     assert!(stats[0].prefix_cache_hits > 0);
+    assert!(!text.contains("vllm:gpu_cache_usage_perc"));
     let other = String::from_utf8(get(sim.addr(1), "/metrics").await.body()).unwrap();
     assert_eq!(metric(&other, "vllm:prompt_tokens_total"), 0.0);
     assert_eq!(stats[1].requests, 0);
     sim.stop().await;
+    let legacy = Sim::start(
+        SimConfig {
+            legacy_metrics: true,
+            ..test_config()
+        },
+        1,
+    );
+    let text = String::from_utf8(get(legacy.addr(0), "/metrics").await.body()).unwrap();
+    assert_eq!(metric(&text, "vllm:gpu_cache_usage_perc"), 0.0);
+    legacy.stop().await;
 }
 
 /// The small endpoints: models, health, reset of the prefix cache, text completions; and
@@ -691,7 +702,8 @@ fn cli_rejects_bad_flags_and_serves_until_sigterm() {
         .status()
         .unwrap();
     assert!(killed.success());
-    assert!(child.wait().unwrap().success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
 }
 
 /// Reasoning, content and tool calls `(id, name, arguments)` of a reply, streamed or not.

@@ -72,6 +72,9 @@ pub struct SimSettings {
     /// Waiting-queue bound (503 with Retry-After beyond it); 0 = unbounded.
     #[arg(long)]
     pub max_queue: Option<usize>,
+    /// Also expose the legacy `vllm:gpu_cache_usage_perc` gauge.
+    #[arg(long)]
+    pub legacy_metrics: bool,
     /// One JSON line per request: arrival, queue wait, tokens, first token, finish.
     #[arg(long)]
     pub trace_log: Option<PathBuf>,
@@ -119,6 +122,9 @@ impl SimSettings {
                 cfg.responder.kind = ResponderKind::Oracle;
             }
         }
+        if self.legacy_metrics {
+            cfg.legacy_metrics = true;
+        }
         if let Some(p) = &self.trace_log {
             cfg.trace_log = Some(p.clone());
         }
@@ -143,6 +149,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
+    let stop = stop_signal()?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let cluster = match super::start(config.clone(), args.listen, args.replicas, shutdown) {
         Ok(c) => c,
@@ -155,9 +162,31 @@ pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     for (name, addr) in cluster.replica_names().iter().zip(cluster.addrs()) {
         tracing::info!(replica = %name, %addr, profile = %config.profile, time_scale = config.time_scale, "simulated replica listening");
     }
-    crate::shutdown::signal().await;
+    stop.await;
     tracing::info!("shutting down");
     trigger.fire();
     cluster.join().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGINT or SIGTERM received from now on: the handlers are installed before the
+/// replicas announce their addresses, so a signal sent right after cannot kill the process
+/// without a clean shutdown.
+#[cfg(unix)]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(crate::shutdown::signal())
 }

@@ -29,6 +29,8 @@ pub struct SimConfig {
     /// `created` of responses = this Unix time + simulated seconds since start. Unset: the
     /// wall clock read once at start (set it for byte-identical responses across runs).
     pub created_base_unix: Option<u64>,
+    /// Also expose the pre-v0.10 name `vllm:gpu_cache_usage_perc`, for old dashboards.
+    pub legacy_metrics: bool,
     /// Append one JSON line per finished request to this file (ground truth for replays).
     pub trace_log: Option<PathBuf>,
     /// The simulated GPU and model.
@@ -239,6 +241,7 @@ impl SimConfig {
             time_scale: 1.0,
             seed: 0,
             created_base_unix: None,
+            legacy_metrics: false,
             trace_log: None,
             engine,
             responder: ResponderConfig::default(),

@@ -322,7 +322,7 @@ impl Replica {
                 )
             })?
             .to_bytes();
-        let plan = self.plan(api, &body)?;
+        let mut plan = self.plan(api, &body)?;
         let cfg = &self.config;
         let needed_blocks =
             (plan.prompt.tokens + plan.reply.tokens).div_ceil(cfg.engine.block_size);
@@ -376,7 +376,7 @@ impl Replica {
             seq,
             arrival_ns,
             ready_ns,
-            prompt: plan.prompt.clone(),
+            prompt: std::mem::take(&mut plan.prompt),
             output_tokens: plan.reply.tokens,
             events: tx,
             trace: TraceContext {
