@@ -273,7 +273,7 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
                     body,
                     history,
                 } => match (prompts, history) {
-                    (LogPrompts::Full, Some(history)) => {
+                    (LogPrompts::Full, Some(history)) if !history.is_empty() => {
                         #[derive(serde::Deserialize)]
                         struct Extra {
                             tools: Option<Box<serde_json::value::RawValue>>,
