@@ -310,4 +310,44 @@ mod tests {
         let err = toml::from_str::<CaptureConfig>("flush_interval = 5\n").unwrap_err();
         assert!(err.to_string().contains("flush_interval"), "{err}");
     }
+
+    #[tokio::test]
+    async fn held_bytes_return_to_zero_once_records_are_written_or_cut() {
+        use crate::proxy::tap::{ExchangeEnd, ExchangeStart, KeySource};
+        let dir = tempfile::tempdir().unwrap();
+        let rec = Recorder::start(&CaptureConfig {
+            enabled: true,
+            dir: dir.path().to_path_buf(),
+            memory_bound_bytes: 100_000,
+            ..CaptureConfig::default()
+        })
+        .unwrap();
+        let frame = bytes::Bytes::from(vec![b'x'; 7_000]);
+        for frames in [3, 40] {
+            let now = tokio::time::Instant::now();
+            let mut obs = rec.sink.start(ExchangeStart {
+                session_key: Some("s".into()),
+                key_source: KeySource::Header,
+                backend: "b".into(),
+                started_unix_ns: 0,
+                started_at: now,
+                request_received_at: now,
+                method: http::Method::POST,
+                path_and_query: "/".into(),
+                request_headers: http::HeaderMap::new(),
+                request_body: bytes::Bytes::from_static(b"{}"),
+            });
+            obs.response_head(http::StatusCode::OK, &http::HeaderMap::new(), now);
+            for _ in 0..frames {
+                obs.response_frame(&frame, now);
+            }
+            obs.end(ExchangeEnd::Complete, now);
+        }
+        let shared = rec.shared.clone();
+        rec.finish().await;
+        assert_eq!(shared.held_bytes.load(Ordering::Relaxed), 0);
+        let back = reader::read_dir(dir.path()).unwrap().exchanges;
+        assert!(back[0].record.complete && !back[1].record.complete);
+        assert_eq!(back[1].request_body.as_deref(), Some(&b"{}"[..]));
+    }
 }
