@@ -94,42 +94,40 @@ impl CaptureConfig {
     /// Checks the section; the message names the field and the value.
     pub fn validate(&self) -> Result<(), String> {
         if self.dir.as_os_str().is_empty() {
-            return Err("capture.dir: must not be empty".into());
+            return Err("dir: must not be empty".into());
         }
         if self.queue_capacity == 0 {
-            return Err("capture.queue_capacity: must be >= 1, got 0".into());
+            return Err("queue_capacity: must be >= 1, got 0".into());
         }
         if self.memory_bound_bytes < 1024 {
             return Err(format!(
-                "capture.memory_bound_bytes: must be >= 1024, got {}",
+                "memory_bound_bytes: must be >= 1024, got {}",
                 self.memory_bound_bytes
             ));
         }
         if self.flush_interval_ms == 0 || self.flush_interval_ms > 60_000 {
             return Err(format!(
-                "capture.flush_interval_ms: must be in 1..=60000, got {}",
+                "flush_interval_ms: must be in 1..=60000, got {}",
                 self.flush_interval_ms
             ));
         }
         if self.rotate_bytes < 4096 {
             return Err(format!(
-                "capture.rotate_bytes: must be >= 4096, got {}",
+                "rotate_bytes: must be >= 4096, got {}",
                 self.rotate_bytes
             ));
         }
         if self.rotate_age_s == 0 {
-            return Err("capture.rotate_age_s: must be >= 1, got 0".into());
+            return Err("rotate_age_s: must be >= 1, got 0".into());
         }
         for name in &self.redact_headers {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!(
-                    "capture.redact_headers: not a header name: {name:?}"
-                ));
+                return Err(format!("redact_headers: not a header name: {name:?}"));
             }
         }
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!(
-                "capture.zstd_level: must be in 1..=19, got {}",
+                "zstd_level: must be in 1..=19, got {}",
                 self.zstd_level
             ));
         }
@@ -251,5 +249,65 @@ impl Recorder {
         drop(sink);
         shared.close_async().await;
         writer.join().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid_and_off() {
+        let c = CaptureConfig::default();
+        assert!(!c.enabled);
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.flush_interval(), Duration::from_secs(1));
+        assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 3600));
+        assert_eq!(c.redact_headers.len(), 6);
+    }
+
+    #[test]
+    fn invalid_values_are_named_with_their_field_and_value() {
+        let bad = |f: fn(&mut CaptureConfig), want: &str| {
+            let mut c = CaptureConfig::default();
+            f(&mut c);
+            let msg = c.validate().unwrap_err();
+            assert!(msg.contains(want), "{msg:?} does not mention {want:?}");
+        };
+        bad(
+            |c| c.queue_capacity = 0,
+            "queue_capacity: must be >= 1, got 0",
+        );
+        bad(
+            |c| c.flush_interval_ms = 0,
+            "flush_interval_ms: must be in 1..=60000, got 0",
+        );
+        bad(
+            |c| c.rotate_bytes = 10,
+            "rotate_bytes: must be >= 4096, got 10",
+        );
+        bad(
+            |c| c.memory_bound_bytes = 1,
+            "memory_bound_bytes: must be >= 1024, got 1",
+        );
+        bad(
+            |c| c.zstd_level = 22,
+            "zstd_level: must be in 1..=19, got 22",
+        );
+        bad(
+            |c| c.redact_headers.push("bad header".into()),
+            "\"bad header\"",
+        );
+        bad(|c| c.dir = PathBuf::new(), "dir: must not be empty");
+    }
+
+    #[test]
+    fn config_section_parses_strictly() {
+        let c: CaptureConfig =
+            toml::from_str("enabled = true\ndir = \"/tmp/c\"\nfull_policy = \"block\"\n").unwrap();
+        assert_eq!(c.full_policy, FullPolicy::Block);
+        assert_eq!(c.queue_capacity, CaptureConfig::default().queue_capacity);
+        let err = toml::from_str::<CaptureConfig>("flush_interval = 5\n").unwrap_err();
+        assert!(err.to_string().contains("flush_interval"), "{err}");
     }
 }

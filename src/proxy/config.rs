@@ -319,9 +319,7 @@ impl ProxyConfig {
         self.validate_affinity()?;
         self.validate_health()?;
         self.validate_backends()?;
-        self.capture
-            .validate()
-            .map_err(|e| ConfigError::Invalid(format!("capture.{e}")))?;
+        self.capture.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 

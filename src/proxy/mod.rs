@@ -93,7 +93,6 @@ pub struct ProxyHandle {
     inner: Arc<Inner>,
     listener: JoinHandle<()>,
     side_tasks: Vec<JoinHandle<()>>,
-    stop_side: crate::shutdown::Trigger,
 }
 
 fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Pool>) -> Pool {
@@ -130,8 +129,26 @@ fn any_https(config: &ProxyConfig) -> bool {
     config.backends.iter().any(|b| b.url.starts_with("https:"))
 }
 
-/// Validates `config`, binds both listeners and starts serving; resolves once bound.
+/// Validates `config`, binds both listeners and starts serving; resolves once bound. With
+/// `capture.enabled`, the recorder is started and every exchange is reported to it.
 pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, None).await
+}
+
+/// Like [`start`], reporting every exchange to `sink` instead of a recorder (tests, embedding).
+pub async fn start_with_sink(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Arc<dyn ExchangeSink>,
+) -> Result<ProxyHandle, ProxyError> {
+    start_inner(config, shutdown, Some(sink)).await
+}
+
+async fn start_inner(
+    config: ProxyConfig,
+    shutdown: Shutdown,
+    sink: Option<Arc<dyn ExchangeSink>>,
+) -> Result<ProxyHandle, ProxyError> {
     config.validate()?;
     let tls = config
         .tls
@@ -154,12 +171,12 @@ pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandl
     let addr = local(&tcp, "proxy listener", config.listen)?;
     let admin_addr = local(&admin_tcp, "admin listener", config.admin.listen)?;
 
-    let recorder = if config.capture.enabled {
+    let recorder = if config.capture.enabled && sink.is_none() {
         Some(Recorder::start(&config.capture)?)
     } else {
         None
     };
-    let sink = recorder.as_ref().map(|r| r.sink.clone());
+    let sink = sink.or_else(|| recorder.as_ref().map(|r| r.sink.clone()));
 
     let metrics = ProxyMetrics::new();
     let pool = build_pool(&config, &metrics, None);
@@ -186,7 +203,15 @@ pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandl
         tokio::spawn(admin::serve(admin_tcp, inner.clone(), side_stop.clone())),
         tokio::spawn(housekeeping(inner.clone(), side_stop)),
     ];
-    let listener = tokio::spawn(listener::serve(tcp, tls, inner.clone(), shutdown, grace));
+    // The admin API and health checks keep running through the drain and stop after it, so
+    // dropping the handle without joining leaves a fully working proxy.
+    let listener = tokio::spawn({
+        let inner = inner.clone();
+        async move {
+            listener::serve(tcp, tls, inner, shutdown, grace).await;
+            stop_side.fire();
+        }
+    });
     tracing::info!(%addr, %admin_addr, backends = inner.router.pool().backends.len(), "proxy listening");
     Ok(ProxyHandle {
         addr,
@@ -194,7 +219,6 @@ pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandl
         inner,
         listener,
         side_tasks,
-        stop_side,
     })
 }
 
@@ -276,7 +300,6 @@ impl ProxyHandle {
         if let Err(e) = self.listener.await {
             tracing::error!(error = %e, "proxy listener task failed");
         }
-        self.stop_side.fire();
         for t in self.side_tasks {
             let _ = t.await;
         }

@@ -317,11 +317,13 @@ pub async fn handle(
     if let Ok(v) = HeaderValue::from_str(&backend.name) {
         resp_parts.headers.insert("x-agentrace-backend", v);
     }
-    let sse = resp_parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    // An error event can be appended only to a stream without a declared length.
+    let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
+        && resp_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
         let mut observer = sink.start(exchange_start(
@@ -338,7 +340,8 @@ pub async fn handle(
         observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
         observer
     });
-    let observed = ObservedBody {
+    let empty = incoming.is_end_stream();
+    let mut observed = ObservedBody {
         inner: incoming,
         exchange: Some(Exchange {
             backend,
@@ -350,6 +353,16 @@ pub async fn handle(
             at_event_boundary: true,
         }),
     };
+    if empty {
+        // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
+        if let Some(exchange) = observed.exchange.take() {
+            BackendMetrics::observe(
+                &exchange.backend.metrics.ttfb,
+                head_at.duration_since(sent_at),
+            );
+            exchange.finish(ExchangeEnd::Complete);
+        }
+    }
     inner
         .metrics
         .overhead
@@ -527,11 +540,11 @@ impl HttpBody for ObservedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
+        let mut this = self.project();
         let Some(exchange) = this.exchange.as_mut() else {
             return Poll::Ready(None);
         };
-        match std::task::ready!(this.inner.poll_frame(cx)) {
+        match std::task::ready!(this.inner.as_mut().poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     if !exchange.got_first_byte && !data.is_empty() {
@@ -546,6 +559,13 @@ impl HttpBody for ObservedBody {
                     }
                     if let Some(observer) = exchange.observer.as_mut() {
                         observer.response_frame(data, Instant::now());
+                    }
+                }
+                // A body of known length ends with its last byte: hyper stops polling there
+                // (it never asks for the `None`), so the exchange ends here.
+                if this.inner.is_end_stream() {
+                    if let Some(exchange) = this.exchange.take() {
+                        exchange.finish(ExchangeEnd::Complete);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))

@@ -313,6 +313,13 @@ impl SimConfig {
             "must be > 0",
             self.time_scale,
         )?;
+        // Below this, simulated nanoseconds since start would overflow 64 bits within hours.
+        check(
+            self.time_scale >= 1e-6,
+            "time_scale",
+            "must be >= 0.000001",
+            self.time_scale,
+        )?;
         check(!self.model.is_empty(), "model", "must not be empty", "\"\"")?;
         check(
             !self.name.is_empty() && self.name.bytes().all(|b| b.is_ascii_graphic()),
@@ -434,12 +441,6 @@ impl SimConfig {
             "responder.output_tokens_max",
             "must be >= responder.output_tokens_min",
             r.output_tokens_max,
-        )?;
-        check(
-            r.kind != ResponderKind::Oracle || r.oracle_dataset.is_some(),
-            "responder.oracle_dataset",
-            "is required when responder.kind is oracle",
-            "none",
         )?;
         let f = &self.faults;
         check(

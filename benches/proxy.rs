@@ -1,0 +1,683 @@
+//! Proxy benchmark: 4 loopback backends answering a small chat-completion JSON, 1,000 session
+//! keys, requests/s and p50/p99 latency direct to a backend, through agentrace, and (when
+//! installed) through nginx (`hash $http_x_session_id consistent`) and HAProxy
+//! (`balance hdr(X-Session-ID)` + `hash-type consistent`); then an SSE run (256 paced events
+//! per response) measuring events/s and the per-event delivery delay each proxy adds.
+//!
+//! Run with `scripts/bench-proxy.sh` (or `cargo bench --bench proxy -- [flags]`). Flags:
+//! `--duration SECS` (per run, default 5), `--repeats N` (default 3, medians reported),
+//! `--loads 8,64` (connections per run), `--sse-streams N` (default 32), `--sse-interval-us N`
+//! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run).
+//! Load generator, backends and proxies share the machine's cores: numbers are noisy; compare
+//! targets within one run, not across machines.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncBufReadExt;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+const KEYS: usize = 1000;
+const SSE_EVENTS: usize = 256;
+const CHAT_BODY: &str = r#"{"model":"bench","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the failing test."}],"max_tokens":16}"#;
+const CHAT_RESPONSE: &str = r#"{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Done: the test passes now."},"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":8,"total_tokens":32}}"#;
+
+struct Args {
+    duration: Duration,
+    repeats: usize,
+    loads: Vec<usize>,
+    sse_streams: usize,
+    sse_interval: Duration,
+    rust_client: bool,
+    only: Option<Vec<String>>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        duration: Duration::from_secs(5),
+        repeats: 3,
+        loads: vec![8, 64],
+        sse_streams: 32,
+        sse_interval: Duration::from_micros(1000),
+        rust_client: false,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--bench" => {}
+            "--duration" => {
+                a.duration = Duration::from_secs_f64(value().parse().expect("--duration"))
+            }
+            "--repeats" => a.repeats = value().parse().expect("--repeats"),
+            "--loads" => {
+                a.loads = value()
+                    .split(',')
+                    .map(|s| s.parse().expect("--loads"))
+                    .collect()
+            }
+            "--sse-streams" => a.sse_streams = value().parse().expect("--sse-streams"),
+            "--sse-interval-us" => {
+                a.sse_interval = Duration::from_micros(value().parse().expect("--sse-interval-us"))
+            }
+            "--rust-client" => a.rust_client = true,
+            "--only" => a.only = Some(value().split(',').map(str::to_string).collect()),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    a
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends
+
+/// One backend: JSON for plain requests, 256 paced SSE events when the body asks to stream.
+/// Each SSE event carries the time it was written (ns since `anchor`), so the client, in the
+/// same process, measures per-event delivery delay.
+async fn spawn_backend(anchor: Instant, interval: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| async move {
+                    if req.uri().path() == "/health" {
+                        return Ok::<_, Infallible>(Response::new(body_full("ok")));
+                    }
+                    let body = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|c| c.to_bytes())
+                        .unwrap_or_default();
+                    if memchr_stream(&body) {
+                        Ok(sse_response(anchor, interval))
+                    } else {
+                        let mut r = Response::new(body_full(CHAT_RESPONSE));
+                        r.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+type BenchBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn body_full(s: &'static str) -> BenchBody {
+    Full::new(Bytes::from_static(s.as_bytes())).boxed()
+}
+
+fn memchr_stream(body: &[u8]) -> bool {
+    body.windows(13).any(|w| w == b"\"stream\":true")
+}
+
+fn sse_response(anchor: Instant, interval: Duration) -> Response<BenchBody> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    tokio::spawn(async move {
+        let start = Instant::now();
+        for i in 0..=SSE_EVENTS {
+            tokio::time::sleep_until(start + interval * i as u32).await;
+            let data = if i < SSE_EVENTS {
+                let t = anchor.elapsed().as_nanos();
+                format!("data: {{\"t\":{t},\"i\":{i},\"choices\":[{{\"delta\":{{\"content\":\"tok\"}}}}]}}\n\n")
+            } else {
+                "data: [DONE]\n\n".to_string()
+            };
+            if tx.send(Ok(Frame::data(Bytes::from(data)))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxies under test
+
+struct Target {
+    name: String,
+    addr: SocketAddr,
+    _child: Option<tokio::process::Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_listening(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not start listening on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn installed(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
+
+async fn start_agentrace(dir: &Path, backends: &[SocketAddr]) -> Target {
+    let mut toml = String::from("listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    for (i, b) in backends.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[backends]]\nname = \"gpu-{i}\"\nurl = \"http://{b}\"\n"
+        ));
+    }
+    let path = dir.join("agentrace.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["proxy", "--config"])
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agentrace binary");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("agentrace announces its address");
+    let addr: SocketAddr = line.split_whitespace().nth(4).unwrap().parse().unwrap();
+    Target {
+        name: "agentrace".into(),
+        addr,
+        _child: Some(child),
+    }
+}
+
+async fn start_nginx(nginx: &Path, dir: &Path, backends: &[SocketAddr]) -> Target {
+    let port = free_port();
+    let d = dir.join("nginx");
+    std::fs::create_dir_all(&d).unwrap();
+    let servers: String = backends
+        .iter()
+        .map(|b| format!("    server {b};\n"))
+        .collect();
+    let conf = format!(
+        "worker_processes 2;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+           upstream backends {{\n    hash $http_x_session_id consistent;\n{servers}    keepalive 256;\n  }}\n\
+           server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://backends;\n\
+               proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n    }}\n  }}\n}}\n",
+        d = d.display()
+    );
+    let conf_path = d.join("nginx.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let child = tokio::process::Command::new(nginx)
+        .arg("-p")
+        .arg(&d)
+        .arg("-c")
+        .arg(&conf_path)
+        .arg("-e")
+        .arg(d.join("error.log"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nginx");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_listening(addr, "nginx").await;
+    Target {
+        name: "nginx".into(),
+        addr,
+        _child: Some(child),
+    }
+}
+
+async fn start_haproxy(haproxy: &Path, dir: &Path, backends: &[SocketAddr]) -> Target {
+    let port = free_port();
+    let servers: String = backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| format!("  server gpu-{i} {b}\n"))
+        .collect();
+    let conf = format!(
+        "global\n  nbthread 2\n  maxconn 4000\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 120s\n\
+         timeout server 120s\n  option http-keep-alive\n  http-reuse always\n\
+         frontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\n\
+         backend be\n  balance hdr(X-Session-ID)\n  hash-type consistent\n{servers}"
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, conf).unwrap();
+    let child = tokio::process::Command::new(haproxy)
+        .arg("-f")
+        .arg(&path)
+        .arg("-db")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("haproxy");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_listening(addr, "haproxy").await;
+    Target {
+        name: "haproxy".into(),
+        addr,
+        _child: Some(child),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load generators
+
+#[derive(Clone, Copy, Debug)]
+struct RunResult {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+}
+
+fn wrk_script(dir: &Path) -> PathBuf {
+    let path = dir.join("sessions.lua");
+    let script = format!(
+        "local keys = {{}}\nfor i = 1, {KEYS} do keys[i] = \"session-\" .. i end\n\
+         local body = '{CHAT_BODY}'\n\
+         request = function()\n  return wrk.format(\"POST\", \"/v1/chat/completions\", \
+         {{[\"Content-Type\"] = \"application/json\", [\"X-Session-ID\"] = keys[math.random(1, {KEYS})]}}, body)\nend\n"
+    );
+    std::fs::write(&path, script).unwrap();
+    path
+}
+
+fn parse_wrk_duration(s: &str) -> f64 {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let v: f64 = num.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => v,
+        "ms" => v * 1e3,
+        "s" => v * 1e6,
+        "m" => v * 60e6,
+        _ => f64::NAN,
+    }
+}
+
+async fn run_wrk(
+    wrk: &Path,
+    script: &Path,
+    addr: SocketAddr,
+    conns: usize,
+    duration: Duration,
+) -> RunResult {
+    let threads = conns.clamp(1, 2);
+    let out = tokio::process::Command::new(wrk)
+        .arg(format!("-t{threads}"))
+        .arg(format!("-c{conns}"))
+        .arg(format!("-d{}s", duration.as_secs().max(1)))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(format!("http://{addr}/v1/chat/completions"))
+        .output()
+        .await
+        .expect("wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut r = RunResult {
+        rps: f64::NAN,
+        p50_us: f64::NAN,
+        p99_us: f64::NAN,
+        errors: 0,
+    };
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["50%", v] => r.p50_us = parse_wrk_duration(v),
+            ["99%", v] => r.p99_us = parse_wrk_duration(v),
+            ["Requests/sec:", v] => r.rps = v.parse().unwrap_or(f64::NAN),
+            ["Non-2xx", "or", "3xx", "responses:", n] => r.errors += n.parse::<u64>().unwrap_or(0),
+            ["Socket", "errors:", ..] => r.errors += line.matches(char::is_numeric).count() as u64,
+            _ => {}
+        }
+    }
+    if r.rps.is_nan() {
+        eprintln!(
+            "wrk output not understood:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    r
+}
+
+/// A closed-loop HTTP/1.1 client: `conns` keep-alive connections, each sending the next
+/// request as soon as the previous response ended.
+async fn run_rust_client(addr: SocketAddr, conns: usize, duration: Duration) -> RunResult {
+    let end = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut i = c * 7919;
+            while Instant::now() < end {
+                i = (i + 104_729) % KEYS;
+                let req = Request::post("/v1/chat/completions")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/json")
+                    .header("x-session-id", format!("session-{}", i + 1))
+                    .body(Full::new(Bytes::from_static(CHAT_BODY.as_bytes())))
+                    .unwrap();
+                let t0 = Instant::now();
+                match send.send_request(req).await {
+                    Ok(resp) => {
+                        let ok = resp.status().is_success();
+                        let _ = resp.into_body().collect().await;
+                        lat.push(t0.elapsed().as_nanos() as u64);
+                        errors += u64::from(!ok);
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    all.sort_unstable();
+    RunResult {
+        rps: all.len() as f64 / duration.as_secs_f64(),
+        p50_us: percentile(&all, 0.50) / 1e3,
+        p99_us: percentile(&all, 0.99) / 1e3,
+        errors,
+    }
+}
+
+fn percentile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize] as f64
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SseResult {
+    events_per_sec: f64,
+    p50_delay_us: f64,
+    p99_delay_us: f64,
+}
+
+/// `streams` concurrent SSE streams, each opening the next as soon as one ends; every event's
+/// delay is (received − written by the backend), on the shared monotonic clock.
+async fn run_sse(
+    anchor: Instant,
+    addr: SocketAddr,
+    streams: usize,
+    duration: Duration,
+) -> SseResult {
+    let end = Instant::now() + duration;
+    let body = CHAT_BODY.replace("\"max_tokens\":16", "\"stream\":true");
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut delays = Vec::new();
+            let mut n = s;
+            while Instant::now() < end {
+                n += streams;
+                let req = Request::post("/v1/chat/completions")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/json")
+                    .header("x-session-id", format!("session-{}", n % KEYS + 1))
+                    .body(Full::new(Bytes::from(body.clone())))
+                    .unwrap();
+                let Ok(resp) = send.send_request(req).await else {
+                    break;
+                };
+                let mut b = resp.into_body();
+                let mut pending = Vec::new();
+                while let Some(Ok(frame)) = b.frame().await {
+                    let now = anchor.elapsed().as_nanos() as u64;
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    pending.extend_from_slice(&data);
+                    while let Some(pos) = pending.windows(2).position(|w| w == b"\n\n") {
+                        let event: Vec<u8> = pending.drain(..pos + 2).collect();
+                        if let Some(t) = event_time(&event) {
+                            if Instant::now() < end {
+                                delays.push(now.saturating_sub(t));
+                            }
+                        }
+                    }
+                }
+            }
+            delays
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    SseResult {
+        events_per_sec: all.len() as f64 / duration.as_secs_f64(),
+        p50_delay_us: percentile(&all, 0.50) / 1e3,
+        p99_delay_us: percentile(&all, 0.99) / 1e3,
+    }
+}
+
+fn event_time(event: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(event).ok()?;
+    let rest = s.split_once("\"t\":")?.1;
+    rest[..rest.find(',')?].parse().ok()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| !x.is_nan());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() {
+    let args = parse_args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run(args));
+}
+
+async fn run(args: Args) {
+    let anchor = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let mut backends = Vec::new();
+    for _ in 0..4 {
+        backends.push(spawn_backend(anchor, args.sse_interval).await);
+    }
+    let wanted = |name: &str| {
+        args.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == name))
+    };
+
+    let mut targets = vec![Target {
+        name: "direct".into(),
+        addr: backends[0],
+        _child: None,
+    }];
+    if wanted("agentrace") {
+        targets.push(start_agentrace(dir.path(), &backends).await);
+    }
+    match installed("nginx") {
+        Some(p) if wanted("nginx") => targets.push(start_nginx(&p, dir.path(), &backends).await),
+        None => println!("nginx not installed: skipped (apt-get install nginx)"),
+        _ => {}
+    }
+    match installed("haproxy") {
+        Some(p) if wanted("haproxy") => {
+            targets.push(start_haproxy(&p, dir.path(), &backends).await)
+        }
+        None => println!("haproxy not installed: skipped (apt-get install haproxy)"),
+        _ => {}
+    }
+    let wrk = if args.rust_client {
+        None
+    } else {
+        installed("wrk")
+    };
+    let client_name = match &wrk {
+        Some(_) => "wrk",
+        None => {
+            if !args.rust_client {
+                println!("wrk not installed: using the built-in Rust client (apt-get install wrk)");
+            }
+            "built-in Rust client"
+        }
+    };
+    let script = wrk_script(dir.path());
+    println!(
+        "JSON: {} s per run, {} repeats (medians), {KEYS} session keys, load generator: {client_name}, cores: {}",
+        args.duration.as_secs_f64(),
+        args.repeats,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    // Warm up pools and caches.
+    for t in &targets {
+        run_rust_client(t.addr, 4, Duration::from_millis(500)).await;
+    }
+
+    for &conns in &args.loads {
+        let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); targets.len()];
+        for _ in 0..args.repeats {
+            // Interleave targets within each repeat so background noise hits all of them.
+            for (i, t) in targets.iter().enumerate() {
+                let r = match &wrk {
+                    Some(w) => run_wrk(w, &script, t.addr, conns, args.duration).await,
+                    None => run_rust_client(t.addr, conns, args.duration).await,
+                };
+                results[i].push(r);
+            }
+        }
+        println!("\n{conns} connections (closed loop)");
+        println!(
+            "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | errors |"
+        );
+        println!(
+            "|-----------|---------------:|-------:|-------:|-----------------------:|-------:|"
+        );
+        let direct_p50 = median(results[0].iter().map(|r| r.p50_us).collect());
+        for (t, rs) in targets.iter().zip(&results) {
+            let p50 = median(rs.iter().map(|r| r.p50_us).collect());
+            println!(
+                "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>6} |",
+                t.name,
+                median(rs.iter().map(|r| r.rps).collect()),
+                p50,
+                median(rs.iter().map(|r| r.p99_us).collect()),
+                if t.name == "direct" {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}", p50 - direct_p50)
+                },
+                rs.iter().map(|r| r.errors).sum::<u64>()
+            );
+        }
+    }
+
+    println!(
+        "\nSSE: {} concurrent streams, {SSE_EVENTS} events per response, one event every {} µs per stream, {} s per run",
+        args.sse_streams,
+        args.sse_interval.as_micros(),
+        args.duration.as_secs_f64()
+    );
+    let mut sse: Vec<Vec<SseResult>> = vec![Vec::new(); targets.len()];
+    for _ in 0..args.repeats {
+        for (i, t) in targets.iter().enumerate() {
+            sse[i].push(run_sse(anchor, t.addr, args.sse_streams, args.duration).await);
+        }
+    }
+    println!("| target    | events/s (median) | delivery p50 µs | delivery p99 µs | p50 added µs | p99 added µs |");
+    println!("|-----------|------------------:|----------------:|----------------:|-------------:|-------------:|");
+    let d50 = median(sse[0].iter().map(|r| r.p50_delay_us).collect());
+    let d99 = median(sse[0].iter().map(|r| r.p99_delay_us).collect());
+    for (t, rs) in targets.iter().zip(&sse) {
+        let p50 = median(rs.iter().map(|r| r.p50_delay_us).collect());
+        let p99 = median(rs.iter().map(|r| r.p99_delay_us).collect());
+        let added = |v: f64, d: f64| {
+            if t.name == "direct" {
+                "-".to_string()
+            } else {
+                format!("{:.0}", v - d)
+            }
+        };
+        println!(
+            "| {:<9} | {:>17.0} | {:>15.0} | {:>15.0} | {:>12} | {:>12} |",
+            t.name,
+            median(rs.iter().map(|r| r.events_per_sec).collect()),
+            p50,
+            p99,
+            added(p50, d50),
+            added(p99, d99)
+        );
+    }
+    drop(targets);
+}

@@ -1,0 +1,263 @@
+//! Session affinity through real proxies and real backends on 127.0.0.1:0.
+//!
+//! Invariants: a key always reaches the same backend; two proxies with the same backend list
+//! agree on every key without talking; removing a backend (reload) moves only its keys; a
+//! conversation without a session header sticks by its fingerprint; a session spilled by the
+//! load bound stays on its new backend; `round_robin` (affinity off) scatters a session.
+
+mod support;
+
+use std::collections::HashMap;
+
+use support::backends::*;
+
+async fn four_backends() -> Vec<TestBackend> {
+    let mut v = Vec::new();
+    for i in 0..4 {
+        v.push(TestBackend::spawn(&format!("gpu-{i}")).await);
+    }
+    v
+}
+
+async fn placement(client: &HttpClient, proxy: &TestProxy, key: &str) -> String {
+    let (status, headers, body) = fetch(
+        client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", key), ("content-type", "application/json")],
+        chat_body(key, 0),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let header = served_by(&headers);
+    assert_eq!(
+        json["backend"],
+        header.as_str(),
+        "the header names the backend that answered"
+    );
+    header
+}
+
+async fn admin_json(client: &HttpClient, proxy: &TestProxy, path: &str) -> serde_json::Value {
+    let (status, _, body) = fetch(client, "GET", &proxy.admin_url(path), &[], "").await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Every request of a session reaches the backend its first request reached.
+#[tokio::test]
+async fn same_key_always_reaches_the_same_backend() {
+    let backends = four_backends().await;
+    let proxy = start_proxy(config_for(&backends.iter().collect::<Vec<_>>())).await;
+    let client = client();
+    let mut used = HashMap::new();
+    for i in 0..40 {
+        let key = format!("session-{i}");
+        let first = placement(&client, &proxy, &key).await;
+        for _ in 0..3 {
+            assert_eq!(placement(&client, &proxy, &key).await, first, "{key}");
+        }
+        *used.entry(first).or_insert(0) += 1;
+    }
+    assert!(
+        used.len() >= 3,
+        "40 sessions should use most backends: {used:?}"
+    );
+    proxy.shutdown().await;
+}
+
+/// Two independent proxies with the same backend list send 1,000 keys to the same backends.
+#[tokio::test]
+async fn two_proxies_agree_on_every_key() {
+    let backends = four_backends().await;
+    let refs: Vec<_> = backends.iter().collect();
+    let a = start_proxy(config_for(&refs)).await;
+    // The second proxy lists the backends in another order: placement depends on names only.
+    let mut reversed = refs.clone();
+    reversed.reverse();
+    let b = start_proxy(config_for(&reversed)).await;
+    let client = client();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for i in 0..1000 {
+        let key = format!("agent-{i:04}");
+        let (x, y) = (
+            placement(&client, &a, &key).await,
+            placement(&client, &b, &key).await,
+        );
+        assert_eq!(x, y, "proxies disagree on {key}");
+        *counts.entry(x).or_default() += 1;
+    }
+    for (name, n) in &counts {
+        assert!(
+            (150..=350).contains(n),
+            "{name} got {n} of 1000: {counts:?}"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Reloading without one backend moves exactly the sessions it held; the others stay put.
+#[tokio::test]
+async fn removing_a_backend_moves_only_its_keys() {
+    let backends = four_backends().await;
+    let refs: Vec<_> = backends.iter().collect();
+    let proxy = start_proxy(config_for(&refs)).await;
+    let client = client();
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let mut before = Vec::new();
+    for k in &keys {
+        before.push(placement(&client, &proxy, k).await);
+    }
+    let survivors: Vec<_> = refs
+        .iter()
+        .copied()
+        .filter(|b| b.name() != "gpu-2")
+        .collect();
+    proxy.handle().reload(config_for(&survivors)).unwrap();
+    assert_eq!(proxy.handle().backend_names(), ["gpu-0", "gpu-1", "gpu-3"]);
+    let mut moved_to: HashMap<String, usize> = HashMap::new();
+    for (k, was) in keys.iter().zip(&before) {
+        let now = placement(&client, &proxy, k).await;
+        if was == "gpu-2" {
+            *moved_to.entry(now).or_default() += 1;
+        } else {
+            assert_eq!(&now, was, "{k} moved although its backend stayed");
+        }
+    }
+    assert!(moved_to.len() >= 2, "gpu-2's sessions spread: {moved_to:?}");
+    proxy.shutdown().await;
+}
+
+/// Without any session header, every turn of a conversation reaches one backend.
+#[tokio::test]
+async fn fingerprint_keeps_a_conversation_on_one_backend() {
+    let backends = four_backends().await;
+    let proxy = start_proxy(config_for(&backends.iter().collect::<Vec<_>>())).await;
+    let client = client();
+    let mut homes = HashMap::new();
+    for conv in 0..12 {
+        let conversation = format!("conv-{conv}");
+        let mut seen = None;
+        for turn in 0..4 {
+            let (status, headers, _) = fetch(
+                &client,
+                "POST",
+                &proxy.url("/v1/chat/completions"),
+                &[("content-type", "application/json")],
+                chat_body(&conversation, turn),
+            )
+            .await;
+            assert_eq!(status, 200);
+            let b = served_by(&headers);
+            assert_eq!(
+                seen.get_or_insert(b.clone()),
+                &b,
+                "{conversation} turn {turn}"
+            );
+        }
+        homes.insert(conversation, seen.unwrap());
+    }
+    let distinct: std::collections::HashSet<_> = homes.values().collect();
+    assert!(
+        distinct.len() >= 2,
+        "fingerprints are not all equal: {homes:?}"
+    );
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains(
+            "agentrace_affinity_decisions_total{source=\"fingerprint\",outcome=\"hash\"} 48"
+        ),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A session whose backend is above the load bound goes to its next choice, and stays there
+/// after the load is gone (its cache is there now).
+#[tokio::test]
+async fn bounded_load_spills_then_the_session_sticks() {
+    let hot = TestBackend::spawn_with(
+        "hot",
+        Mode::Sse {
+            events: 1,
+            gated: true,
+            cut_after: None,
+        },
+    )
+    .await;
+    let cool = TestBackend::spawn("cool").await;
+    let proxy = start_proxy(config_for(&[&hot, &cool])).await;
+    let client = client();
+
+    // Keys whose first choice is "hot", from the admin API.
+    let mut hot_keys = Vec::new();
+    for i in 0.. {
+        let key = format!("key-{i}");
+        let view = admin_json(&client, &proxy, &format!("/admin/sessions/{key}")).await;
+        if view["rendezvous_order"][0] == "hot" {
+            hot_keys.push(key);
+            if hot_keys.len() == 4 {
+                break;
+            }
+        }
+    }
+    // Three open streams on "hot": in flight hot=3, cool=0; bound = ceil(1.5 × 4 / 2) = 3.
+    let mut open = Vec::new();
+    for key in &hot_keys[..3] {
+        let resp = send(
+            &client,
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[("x-session-id", key)],
+            "{}",
+        )
+        .await;
+        assert_eq!(served_by(resp.headers()), "hot");
+        open.push(resp);
+    }
+    let spilled_key = &hot_keys[3];
+    assert_eq!(
+        placement(&client, &proxy, spilled_key).await,
+        "cool",
+        "above the bound: spill"
+    );
+    let view = admin_json(&client, &proxy, &format!("/admin/sessions/{spilled_key}")).await;
+    assert_eq!(view["known"]["bound"], true, "{view}");
+    assert_eq!(view["known"]["last_outcome"], "spill", "{view}");
+
+    // Let the streams finish: "hot" is idle again, yet the spilled session stays on "cool".
+    hot.release(3);
+    for mut resp in open {
+        while next_data(resp.body_mut()).await.is_some() {}
+    }
+    let backends = admin_json(&client, &proxy, "/admin/backends").await;
+    assert_eq!(backends["backends"][0]["in_flight"], 0, "{backends}");
+    assert_eq!(placement(&client, &proxy, spilled_key).await, "cool");
+    let view = admin_json(&client, &proxy, &format!("/admin/sessions/{spilled_key}")).await;
+    assert_eq!(view["known"]["last_outcome"], "bound", "{view}");
+    proxy.shutdown().await;
+}
+
+/// With `round_robin` (affinity off) one session's requests visit every backend.
+#[tokio::test]
+async fn round_robin_policy_scatters_a_session() {
+    let backends = four_backends().await;
+    let mut config = config_for(&backends.iter().collect::<Vec<_>>());
+    config.affinity.policy = agentrace::proxy::Policy::RoundRobin;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..8 {
+        seen.insert(placement(&client, &proxy, "one-session").await);
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    proxy.shutdown().await;
+}

@@ -1,0 +1,683 @@
+//! The forwarding path through a real proxy: streaming, failures, health, the tap, shutdown.
+//!
+//! Invariants: each SSE event reaches the client before the backend writes the next; a failure
+//! before the first byte is retried on the session's next choice (and the session rebinds);
+//! after the first byte it is never retried and an SSE stream ends with an error event; a
+//! client that goes away cancels the upstream request; failing probes eject a backend and
+//! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
+//! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
+//! shutdown lets an open stream finish; h2c works on the plain listener.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrace::proxy::tap::{
+    ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart, KeySource,
+};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use support::backends::*;
+
+fn gated_sse(events: usize) -> Mode {
+    Mode::Sse {
+        events,
+        gated: true,
+        cut_after: None,
+    }
+}
+
+/// The client sees event k while the backend is still blocked before writing event k+1.
+#[tokio::test]
+async fn sse_events_arrive_one_by_one() {
+    let backend = TestBackend::spawn_with("sse", gated_sse(5)).await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let client = client();
+    let mut resp = send(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "s")],
+        "{}",
+    )
+    .await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    for k in 0..5u64 {
+        backend.release(1);
+        let data = next_data(resp.body_mut()).await.expect("event");
+        let text = String::from_utf8(data.to_vec()).unwrap();
+        assert!(text.contains(&format!("\"k\":{k}")), "event {k}: {text:?}");
+        assert_eq!(
+            backend.ctl.events_written.load(Ordering::SeqCst),
+            k + 1,
+            "the backend cannot have written event {} yet",
+            k + 1
+        );
+    }
+    assert_eq!(
+        next_data(resp.body_mut()).await.unwrap(),
+        Bytes::from("data: [DONE]\n\n")
+    );
+    assert!(next_data(resp.body_mut()).await.is_none());
+    proxy.shutdown().await;
+}
+
+/// A backend that cuts the stream after bytes flowed: the client gets the events so far, then
+/// one error event, then the end; the request is not retried anywhere.
+#[tokio::test]
+async fn mid_stream_failure_yields_an_error_event_and_no_retry() {
+    let cut = Mode::Sse {
+        events: 5,
+        gated: false,
+        cut_after: Some(2),
+    };
+    let a = TestBackend::spawn_with("a", cut.clone()).await;
+    let b = TestBackend::spawn_with("b", cut).await;
+    let proxy = start_proxy(config_for(&[&a, &b])).await;
+    let client = client();
+    let mut resp = send(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "cut")],
+        "{}",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut events = Vec::new();
+    while let Some(data) = next_data(resp.body_mut()).await {
+        events.push(String::from_utf8(data.to_vec()).unwrap());
+    }
+    let all = events.concat();
+    assert!(
+        all.contains("\"k\":0") && all.contains("\"k\":1"),
+        "{all:?}"
+    );
+    let last = events.last().unwrap();
+    assert!(last.starts_with("data: {\"error\":"), "{last:?}");
+    assert!(last.contains("\"type\":\"upstream_error\""), "{last:?}");
+    assert!(last.ends_with("\n\n"));
+    assert!(!all.contains("[DONE]"));
+    assert_eq!(a.hits() + b.hits(), 1, "never retried after the first byte");
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(metrics.contains("kind=\"stream\"} 1"), "{metrics}");
+    proxy.shutdown().await;
+}
+
+/// Dropping the client's response cancels the backend's stream.
+#[tokio::test]
+async fn client_disconnect_cancels_upstream() {
+    let backend = TestBackend::spawn_with("sse", gated_sse(100)).await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let client = client();
+    let mut resp = send(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[],
+        "{}",
+    )
+    .await;
+    backend.release(1);
+    next_data(resp.body_mut()).await.expect("first event");
+    drop(resp);
+    drop(client);
+    backend
+        .wait_for("the upstream stream to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    assert_eq!(backend.ctl.events_written.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}
+
+/// A client that leaves while the backend is still working on the response head: the proxy
+/// drops the upstream request, and the backend sees its connection close.
+#[tokio::test]
+async fn client_disconnect_before_the_response_cancels_upstream() {
+    let backend = TestBackend::spawn_with("slow", Mode::Stall).await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    backend
+        .wait_for("the request to arrive", |c| {
+            c.hits.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    drop(stream);
+    backend
+        .wait_for("the upstream request to be abandoned", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    let state = fetch(
+        &client(),
+        "GET",
+        &proxy.admin_url("/admin/backends"),
+        &[],
+        "",
+    )
+    .await
+    .2;
+    assert!(String::from_utf8_lossy(&state).contains("\"in_flight\":0"));
+    proxy.shutdown().await;
+}
+
+/// A backend that drops the connection before answering: the request is retried on the
+/// session's next choice, the session rebinds there, and the retry is counted.
+#[tokio::test]
+async fn failure_before_the_first_byte_fails_over_and_rebinds() {
+    let a = TestBackend::spawn("a").await;
+    let b = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&a, &b])).await;
+    let client = client();
+    let key = "failover-session";
+    let (_, headers, _) = fetch(
+        &client,
+        "GET",
+        &proxy.url("/v1/models"),
+        &[("x-session-id", key)],
+        "",
+    )
+    .await;
+    let home = served_by(&headers);
+    let (home_b, other) = if home == "a" { (&a, &b) } else { (&b, &a) };
+    home_b.set_mode(Mode::Drop);
+    let (status, headers, body) = fetch(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", key)],
+        "{\"x\":1}",
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(served_by(&headers), other.name());
+    // The home backend works again, but the session stays where failover put it.
+    home_b.set_mode(Mode::Json);
+    let (_, headers, _) = fetch(
+        &client,
+        "GET",
+        &proxy.url("/v1/models"),
+        &[("x-session-id", key)],
+        "",
+    )
+    .await;
+    assert_eq!(served_by(&headers), other.name());
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(metrics.contains("agentrace_retries_total 1"), "{metrics}");
+    assert!(metrics.contains("outcome=\"failover\"} 1"), "{metrics}");
+    assert!(metrics.contains("outcome=\"bound\"} 1"), "{metrics}");
+    proxy.shutdown().await;
+}
+
+/// With every backend failing before the first byte, the client gets a 502 after one retry.
+#[tokio::test]
+async fn exhausted_retries_answer_502() {
+    let a = TestBackend::spawn_with("a", Mode::Drop).await;
+    let b = TestBackend::spawn_with("b", Mode::Drop).await;
+    let c = TestBackend::spawn_with("c", Mode::Drop).await;
+    let proxy = start_proxy(config_for(&[&a, &b, &c])).await;
+    let (status, headers, _) = fetch(
+        &client(),
+        "GET",
+        &proxy.url("/x"),
+        &[("x-session-id", "s")],
+        "",
+    )
+    .await;
+    assert_eq!(status, 502);
+    assert_eq!(headers["x-agentrace-error"], "upstream_error");
+    assert_eq!(a.hits() + b.hits() + c.hits(), 2, "one try plus one retry");
+    proxy.shutdown().await;
+}
+
+async fn backend_state(client: &HttpClient, proxy: &TestProxy, name: &str) -> serde_json::Value {
+    let body = fetch(client, "GET", &proxy.admin_url("/admin/backends"), &[], "")
+        .await
+        .2;
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    json["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == name)
+        .unwrap()
+        .clone()
+}
+
+/// Polls the admin API until `name`'s health is `healthy` (10 s deadline).
+async fn wait_health(client: &HttpClient, proxy: &TestProxy, name: &str, healthy: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while backend_state(client, proxy, name).await["healthy"] != healthy {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never became healthy={healthy}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Failing probes eject a backend (it gets no requests); passing probes bring it back.
+#[tokio::test]
+async fn health_checks_eject_and_recover() {
+    let a = TestBackend::spawn("a").await;
+    let b = TestBackend::spawn("b").await;
+    let mut config = config_for(&[&a, &b]);
+    config.health.interval_ms = 30;
+    config.health.timeout_ms = 30;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    a.set_healthy(false);
+    wait_health(&client, &proxy, "a", false).await;
+    assert!(
+        a.probes() >= 3,
+        "ejected only after unhealthy_threshold failed probes"
+    );
+    let before = a.hits();
+    for i in 0..30 {
+        let (_, h, _) = fetch(
+            &client,
+            "GET",
+            &proxy.url("/v1/models"),
+            &[("x-session-id", &format!("s{i}"))],
+            "",
+        )
+        .await;
+        assert_eq!(served_by(&h), "b");
+    }
+    assert_eq!(a.hits(), before, "an unhealthy backend gets no requests");
+    a.set_healthy(true);
+    wait_health(&client, &proxy, "a", true).await;
+    let mut served_a = false;
+    for i in 100..130 {
+        let (_, h, _) = fetch(
+            &client,
+            "GET",
+            &proxy.url("/v1/models"),
+            &[("x-session-id", &format!("s{i}"))],
+            "",
+        )
+        .await;
+        served_a |= served_by(&h) == "a";
+    }
+    assert!(served_a, "new sessions reach the recovered backend");
+    proxy.shutdown().await;
+}
+
+/// A connect error ejects the backend at once; probes bring it back when it listens again.
+#[tokio::test]
+async fn connect_errors_eject_passively() {
+    let a = TestBackend::spawn("a").await;
+    let mut dead = TestBackend::spawn("dead").await;
+    let dead_addr = dead.addr;
+    dead.stop();
+    // Wait until the port refuses connections.
+    while tokio::net::TcpStream::connect(dead_addr).await.is_ok() {
+        tokio::task::yield_now().await;
+    }
+    let mut config = config_for(&[&a, &dead]);
+    config.health.interval_ms = 60_000; // probes exist but will not run again during the test
+    config.health.timeout_ms = 1_000;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let mut first_failover = None;
+    for i in 0..40 {
+        let (status, h, _) = fetch(
+            &client,
+            "GET",
+            &proxy.url("/v1/models"),
+            &[("x-session-id", &format!("s{i}"))],
+            "",
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(served_by(&h), "a");
+        if first_failover.is_none()
+            && backend_state(&client, &proxy, "dead").await["healthy"] == false
+        {
+            first_failover = Some(i);
+        }
+    }
+    assert!(
+        first_failover.is_some(),
+        "a connect error ejects the backend"
+    );
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains("agentrace_upstream_errors_total{backend=\"dead\",kind=\"connect\"} 1"),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+#[derive(Default)]
+struct Calls {
+    starts: Vec<ExchangeStart>,
+    heads: Vec<u16>,
+    frames: Vec<Bytes>,
+    ends: Vec<ExchangeEnd>,
+}
+
+struct RecordingSink(Arc<Mutex<Calls>>);
+struct RecordingObserver(Arc<Mutex<Calls>>);
+
+impl ExchangeSink for RecordingSink {
+    fn start(&self, start: ExchangeStart) -> Box<dyn ExchangeObserver> {
+        self.0.lock().starts.push(start);
+        Box::new(RecordingObserver(self.0.clone()))
+    }
+}
+
+impl ExchangeObserver for RecordingObserver {
+    fn response_head(
+        &mut self,
+        status: http::StatusCode,
+        _: &http::HeaderMap,
+        _: tokio::time::Instant,
+    ) {
+        self.0.lock().heads.push(status.as_u16());
+    }
+    fn response_frame(&mut self, data: &Bytes, _: tokio::time::Instant) {
+        self.0.lock().frames.push(data.clone());
+    }
+    fn end(self: Box<Self>, end: ExchangeEnd, _: tokio::time::Instant) {
+        self.0.lock().ends.push(end);
+    }
+}
+
+/// The tap sees start (with the backend that served, after failover), the head, every frame
+/// unchanged, and exactly one end, also for a client that goes away.
+#[tokio::test]
+async fn tap_reports_every_exchange_exactly_once() {
+    let a = TestBackend::spawn_with("a", gated_sse(3)).await;
+    let calls = Arc::new(Mutex::new(Calls::default()));
+    let (trigger, shutdown) = agentrace::shutdown::channel();
+    let handle = agentrace::proxy::start_with_sink(
+        config_for(&[&a]),
+        shutdown,
+        Arc::new(RecordingSink(calls.clone())),
+    )
+    .await
+    .unwrap();
+    let client = client();
+    let url = format!("http://{}/v1/chat/completions", handle.addr);
+    let body = chat_body("tap", 1);
+
+    // 1. A complete stream.
+    a.release(3);
+    let mut resp = send(
+        &client,
+        "POST",
+        &url,
+        &[("x-session-id", "tap-1")],
+        body.clone(),
+    )
+    .await;
+    let mut received = Vec::new();
+    while let Some(d) = next_data(resp.body_mut()).await {
+        received.push(d);
+    }
+    // 2. A client that leaves after the first event.
+    let mut resp = send(&client, "POST", &url, &[], body.clone()).await;
+    a.release(1);
+    next_data(resp.body_mut()).await.unwrap();
+    drop(resp);
+    drop(client);
+    a.wait_for("cancellation", |c| c.cancelled.load(Ordering::SeqCst) == 1)
+        .await;
+    // 3. A response of known length: hyper stops at its last byte, the exchange still completes.
+    a.set_mode(Mode::Json);
+    let (status, _, json) = fetch(
+        &support::backends::client(),
+        "POST",
+        &url,
+        &[("x-session-id", "tap-3")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 200);
+    trigger.fire();
+    handle.join().await;
+
+    let calls = calls.lock();
+    assert_eq!(calls.starts.len(), 3);
+    assert_eq!(
+        calls.ends.len(),
+        3,
+        "end exactly once per exchange: {:?}",
+        calls.ends
+    );
+    assert_eq!(calls.heads, [200, 200, 200]);
+    let s = &calls.starts[0];
+    assert_eq!(s.backend, "a");
+    assert_eq!(s.session_key.as_deref(), Some("tap-1"));
+    assert_eq!(s.key_source, KeySource::Header);
+    assert_eq!(s.method, http::Method::POST);
+    assert_eq!(s.path_and_query, "/v1/chat/completions");
+    assert_eq!(s.request_body, Bytes::from(body.clone()));
+    assert!(s.request_received_at >= s.started_at);
+    assert_eq!(calls.starts[1].key_source, KeySource::Fingerprint);
+    let tapped: Vec<u8> = calls.frames.concat();
+    assert!(
+        tapped.starts_with(&received.concat()),
+        "frames reported as forwarded"
+    );
+    assert_eq!(calls.ends[0], ExchangeEnd::Complete);
+    assert_eq!(calls.ends[1], ExchangeEnd::ClientGone);
+    assert_eq!(calls.ends[2], ExchangeEnd::Complete);
+    assert!(tapped.ends_with(&json), "the JSON body was reported");
+}
+
+/// A body above `max_request_body_bytes` is refused with 413 and never reaches a backend.
+#[tokio::test]
+async fn oversized_request_body_gets_413() {
+    let a = TestBackend::spawn("a").await;
+    let mut config = config_for(&[&a]);
+    config.max_request_body_bytes = 1024;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let (status, _, _) = fetch(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[],
+        vec![b'x'; 1025],
+    )
+    .await;
+    assert_eq!(status, 413);
+    // Without a declared length (chunked), the limit holds while reading.
+    let chunks =
+        futures_util::stream::iter((0..4).map(|_| {
+            Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from(vec![b'y'; 400])))
+        }));
+    let req = http::Request::post(proxy.url("/v1/chat/completions"))
+        .body(http_body_util::StreamBody::new(chunks))
+        .unwrap();
+    let streaming_client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let resp = streaming_client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 413);
+    let (status, _, _) = fetch(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[],
+        vec![b'x'; 1024],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(a.hits(), 1);
+    proxy.shutdown().await;
+}
+
+/// Hop-by-hop headers stop at the proxy; end-to-end ones pass; the client address is added.
+#[tokio::test]
+async fn headers_pass_through_except_hop_by_hop() {
+    let a = TestBackend::spawn("a").await;
+    let proxy = start_proxy(config_for(&[&a])).await;
+    let (status, headers, _) = fetch(
+        &client(),
+        "POST",
+        &proxy.url("/v1/chat/completions?trace=1"),
+        &[
+            ("authorization", "Bearer sk-test"),
+            ("x-session-id", "h"),
+            ("connection", "x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-backend"], "a", "response headers pass through");
+    let seen = a.last_headers().unwrap();
+    assert_eq!(seen["authorization"], "Bearer sk-test");
+    assert_eq!(seen["x-session-id"], "h");
+    assert!(!seen.contains_key("x-secret-hop"));
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+    assert!(seen["forwarded"]
+        .to_str()
+        .unwrap()
+        .starts_with("for=127.0.0.1;proto=http"));
+    assert_eq!(seen["host"], a.addr.to_string());
+    proxy.shutdown().await;
+}
+
+/// On shutdown the listener stops accepting while an open stream runs to its end.
+#[tokio::test]
+async fn shutdown_drains_open_streams() {
+    let a = TestBackend::spawn_with("a", gated_sse(2)).await;
+    let proxy = start_proxy(config_for(&[&a])).await;
+    let addr = proxy.addr;
+    let client = client();
+    let mut resp = send(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[],
+        "{}",
+    )
+    .await;
+    let joined = tokio::spawn(proxy.shutdown());
+    // The listener closes (new connections are refused) while the stream stays open.
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        tokio::task::yield_now().await;
+    }
+    assert!(!joined.is_finished());
+    a.release(2);
+    let mut n = 0;
+    while next_data(resp.body_mut()).await.is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 3, "both events and [DONE] arrived during the drain");
+    tokio::time::timeout(Duration::from_secs(10), joined)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// HTTP/2 with prior knowledge (h2c) on the plain listener.
+#[tokio::test]
+async fn h2c_ingress_is_served() {
+    let a = TestBackend::spawn("a").await;
+    let proxy = start_proxy(config_for(&[&a])).await;
+    let h2: hyper_util::client::legacy::Client<_, http_body_util::Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let req = http::Request::get(proxy.url("/v1/models"))
+        .header("x-session-id", "h2")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let resp = h2.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    assert_eq!(served_by(resp.headers()), "a");
+    proxy.shutdown().await;
+}
+
+/// With `[capture]` on, the recorder behind the proxy receives every exchange, its counters
+/// show on /metrics, and `join` leaves finished segment files.
+#[tokio::test]
+async fn capture_records_exchanges_passing_through() {
+    let sse = TestBackend::spawn_with(
+        "sse",
+        Mode::Sse {
+            events: 3,
+            gated: false,
+            cut_after: None,
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config_for(&[&sse]);
+    config.capture.enabled = true;
+    config.capture.dir = dir.path().to_path_buf();
+    config.capture.flush_interval_ms = 50;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let (status, _, body) = fetch(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "rec")],
+        chat_body("rec", 0),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8(
+        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
+            .await
+            .2
+            .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        metrics.contains("agentrace_capture_records_dropped_total 0"),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+
+    let capture = agentrace::capture::reader::read_dir(dir.path()).unwrap();
+    assert_eq!(capture.exchanges.len(), 1);
+    let ex = &capture.exchanges[0];
+    assert_eq!(ex.record.session.as_deref(), Some("rec"));
+    assert_eq!(ex.record.backend, "sse");
+    assert_eq!(
+        ex.request_body.as_deref(),
+        Some(chat_body("rec", 0).as_bytes())
+    );
+    assert_eq!(
+        ex.response_body.as_deref(),
+        Some(&body[..]),
+        "the stream as the client saw it"
+    );
+}
