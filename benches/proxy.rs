@@ -679,5 +679,21 @@ async fn run(args: Args) {
             added(p99, d99)
         );
     }
-    drop(targets);
+    for t in targets {
+        t.stop().await;
+    }
+}
+
+impl Target {
+    /// SIGTERM and wait: nginx's workers outlive a SIGKILLed master.
+    async fn stop(self) {
+        if let Some(mut child) = self._child {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill")
+                    .arg(pid.to_string())
+                    .status();
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        }
+    }
 }

@@ -3,11 +3,11 @@
 //! `cargo bench --bench replay` (optionally `-- --dataset PATH`) spawns an instant
 //! chat-completions server in a child process (so the figures below are the replayer's alone)
 //! and measures:
-//! 1. turns/s against the instant server, and client CPU time per turn;
-//! 2. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, with and
-//!    without precise pacing;
-//! 3. a full replay of a dataset (the given file, else an in-memory stand-in of the 990-set's
-//!    shape): CPU per turn and peak RSS.
+//! 1. a full replay of a dataset (the given file, else an in-memory stand-in of the 990-set's
+//!    shape): CPU per turn and peak RSS;
+//! 2. turns/s against the instant server, and client CPU time per turn;
+//! 3. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, with and
+//!    without precise pacing.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -47,33 +47,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        // 1. Throughput: 400 trajectories x 25 turns, no delays, small prompts.
-        for conc in [64usize, 256] {
-            let ds = synthetic(400, 25, 2_000, 0.0);
-            let (s, cpu) = measure(&target, conc, ds, |_| {}).await;
-            println!(
-                "[turns/s] concurrency {conc}: {} turns in {:.2} s = {:.0} turns/s; client CPU {:.1} us/turn",
-                s.turns_ok,
-                s.wall_s,
-                s.turns_ok as f64 / s.wall_s,
-                cpu * 1e6 / s.turns_ok as f64
-            );
-        }
-        // 2. Schedule lag: 1,000 concurrent trajectories, delays drawn like the sample's.
-        for precise in [false, true] {
-            let ds = synthetic(1_000, 20, 2_000, 1.0);
-            let (s, cpu) = measure(&target, 1_000, ds, |c| c.precise_pacing = precise).await;
-            println!(
-                "[lag] 1000 concurrent, delays on, precise_pacing {precise}: lag p50 {:.0} us p99 {:.0} us max {:.0} us; {} turns, {:.0} turns/s, CPU {:.1} us/turn",
-                s.schedule_lag_p50_us,
-                s.schedule_lag_p99_us,
-                s.schedule_lag_max_us,
-                s.turns_ok,
-                s.turns_ok as f64 / s.wall_s,
-                cpu * 1e6 / s.turns_ok as f64
-            );
-        }
-        // 3. A full set: the given file, else a stand-in with the 990-set's shape.
+        // 1. A full set (first, so the peak RSS is this run's): the given file, else a stand-in with the 990-set's shape.
         let ds = match &dataset_path {
             Some(p) => Arc::new(
                 agentrace::dataset::load(p, &agentrace::dataset::LoadOptions::default())
@@ -96,6 +70,33 @@ fn main() {
             cpu * 1e6 / s.turns_ok.max(1) as f64,
             rss_kib("VmHWM") / 1024
         );
+        // 2. Throughput: 400 trajectories x 25 turns, no delays, small prompts.
+        for conc in [64usize, 256] {
+            let ds = synthetic(400, 25, 2_000, 0.0);
+            let (s, cpu) = measure(&target, conc, ds, |_| {}).await;
+            println!(
+                "[turns/s] concurrency {conc}: {} turns in {:.2} s = {:.0} turns/s; client CPU {:.1} us/turn",
+                s.turns_ok,
+                s.wall_s,
+                s.turns_ok as f64 / s.wall_s,
+                cpu * 1e6 / s.turns_ok as f64
+            );
+        }
+        // 3. Schedule lag: 1,000 concurrent trajectories, delays drawn like the sample's.
+        for precise in [false, true] {
+            let ds = synthetic(1_000, 20, 2_000, 1.0);
+            let (s, cpu) = measure(&target, 1_000, ds, |c| c.precise_pacing = precise).await;
+            println!(
+                "[lag] 1000 concurrent, delays on, precise_pacing {precise}: lag p50 {:.0} us p99 {:.0} us max {:.0} us (turns after a delay: p99 {:.0} us); {} turns, {:.0} turns/s, CPU {:.1} us/turn",
+                s.schedule_lag_p50_us,
+                s.schedule_lag_p99_us,
+                s.schedule_lag_max_us,
+                s.schedule_lag_delayed_p99_us,
+                s.turns_ok,
+                s.turns_ok as f64 / s.wall_s,
+                cpu * 1e6 / s.turns_ok as f64
+            );
+        }
     });
     println!("load average after: {}", loadavg());
     let _ = child.kill();
@@ -160,9 +161,12 @@ fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
 }
 
 /// `n` conversations of `turns` client turns, each message `msg_bytes` long; delays (when
-/// `delay_scale` > 0) cycle through the public sample's quantiles (38 ms … 479 ms).
+/// `delay_scale` > 0) cycle through approximate deciles of the public sample's delays
+/// (min 38 ms, median 63 ms, p90 479 ms; the top decile capped at 2 s).
 fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<Dataset> {
-    const DELAYS: [f64; 8] = [0.038, 0.05, 0.063, 0.063, 0.08, 0.12, 0.25, 0.479];
+    const DELAYS: [f64; 10] = [
+        0.040, 0.045, 0.05, 0.056, 0.063, 0.075, 0.1, 0.2, 0.479, 2.0,
+    ];
     let filler = "x".repeat(msg_bytes);
     let convs = (0..n)
         .map(|c| {
@@ -185,7 +189,7 @@ fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<
                     delay_seconds: if t == 0 {
                         0.0
                     } else {
-                        DELAYS[(c + t) % 8] * delay_scale
+                        DELAYS[(c * 7 + t) % 10] * delay_scale
                     },
                     overrides: serde_json::Map::new(),
                     expected: None,

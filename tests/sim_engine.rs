@@ -100,6 +100,38 @@ async fn inter_token_latency_grows_with_batch_size() {
     sim.stop().await;
 }
 
+/// Chunked prefill: a long prompt is prefilled a token budget at a time alongside running
+/// decodes, so a decoding request never stalls for a whole long prefill.
+#[tokio::test(start_paused = true)]
+async fn long_prefill_is_chunked_and_does_not_stall_running_decodes() {
+    let sim = Sim::start(test_config(), 1);
+    let addr = sim.addr(0);
+    let decoding =
+        tokio::spawn(async move { chat(addr, &pod_chat(long_messages("short", 100), 400)).await });
+    let long =
+        tokio::spawn(
+            async move { chat(addr, &stream_body(long_messages("long", 32_000), 4)).await },
+        );
+    let (decoding, long) = (decoding.await.unwrap(), long.await.unwrap());
+    let gaps = decoding.frame_times.windows(2).map(|w| w[1] - w[0]);
+    let worst = gaps.max().unwrap();
+    assert!(
+        long.ttft() > Duration::from_secs(1),
+        "a 32 K prefill takes over a second: {:?}",
+        long.ttft()
+    );
+    assert!(
+        worst * 2 < long.ttft(),
+        "decode stalled {worst:?} during a {:?} prefill",
+        long.ttft()
+    );
+    assert!(
+        worst > Duration::from_millis(100),
+        "the decode did share steps with prefill chunks"
+    );
+    sim.stop().await;
+}
+
 /// Preemption: when growing sequences exhaust the KV pool, the newest is preempted and
 /// recomputed later; every request still completes with its full output.
 #[tokio::test(start_paused = true)]

@@ -256,7 +256,8 @@ async fn bad_requests_get_openai_style_400s_and_unknown_fields_are_ignored() {
 
 /// Faults: `fail_rate` is an HTTP 500 before any token; `fail_mid_stream_rate` cuts a stream
 /// after some tokens with an error event and `[DONE]` (or a cut connection); `hang_rate`
-/// never answers; `max_queue` answers 503 with Retry-After once the queue is full.
+/// never answers; `max_queue` answers 503 with Retry-After once the queue is full;
+/// `fail_status` picks the status and `extra_delay_ms` delays the first token.
 #[tokio::test(start_paused = true)]
 async fn fault_flags_fail_cut_hang_and_shed_as_configured() {
     let with = |f: &dyn Fn(&mut SimConfig)| {
@@ -271,6 +272,23 @@ async fn fault_flags_fail_cut_hang_and_shed_as_configured() {
     assert_eq!(r.status, 500);
     assert_eq!(r.json()["error"]["code"], 500);
     sim.stop().await;
+
+    let sim = with(&|c| {
+        c.faults.fail_rate = 1.0;
+        c.faults.fail_status = 429;
+    });
+    assert_eq!(chat(sim.addr(0), &body).await.status, 429);
+    sim.stop().await;
+
+    // An extra delay postpones the first token by that much simulated time.
+    let base = with(&|_| {});
+    let slow = with(&|c| c.faults.extra_delay_ms = 500.0);
+    let fast_r = chat(base.addr(0), &body).await;
+    let slow_r = chat(slow.addr(0), &body).await;
+    let extra = slow_r.ttft().as_secs_f64() - fast_r.ttft().as_secs_f64();
+    assert!((0.499..0.502).contains(&extra), "extra delay {extra}");
+    base.stop().await;
+    slow.stop().await;
 
     let sim = with(&|c| c.faults.fail_mid_stream_rate = 1.0);
     let r = chat(sim.addr(0), &body).await;
@@ -362,10 +380,21 @@ async fn metrics_use_vllm_names_and_belong_to_their_replica() {
     assert_eq!(metric(&text, "vllm:generation_tokens_total"), 16.0);
     assert_eq!(metric(&text, "vllm:e2e_request_latency_seconds_count"), 2.0);
     assert!(stats[0].prefix_cache_hits > 0);
+    assert!(!text.contains("vllm:gpu_cache_usage_perc"));
     let other = String::from_utf8(get(sim.addr(1), "/metrics").await.body()).unwrap();
     assert_eq!(metric(&other, "vllm:prompt_tokens_total"), 0.0);
     assert_eq!(stats[1].requests, 0);
     sim.stop().await;
+    let legacy = Sim::start(
+        SimConfig {
+            legacy_metrics: true,
+            ..test_config()
+        },
+        1,
+    );
+    let text = String::from_utf8(get(legacy.addr(0), "/metrics").await.body()).unwrap();
+    assert_eq!(metric(&text, "vllm:gpu_cache_usage_perc"), 0.0);
+    legacy.stop().await;
 }
 
 /// The small endpoints: models, health, reset of the prefix cache, text completions; and
@@ -673,7 +702,8 @@ fn cli_rejects_bad_flags_and_serves_until_sigterm() {
         .status()
         .unwrap();
     assert!(killed.success());
-    assert!(child.wait().unwrap().success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
 }
 
 /// Reasoning, content and tool calls `(id, name, arguments)` of a reply, streamed or not.

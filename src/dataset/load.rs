@@ -912,6 +912,7 @@ fn build_conversation(group: Group) -> Conversation {
         });
     }
     messages.shrink_to_fit();
+    client_turns.shrink_to_fit();
     Conversation {
         id: group.id,
         messages,

@@ -45,6 +45,10 @@ pub struct DemoArgs {
     /// [default: 1,4,16,32, quick: 4,12].
     #[arg(long)]
     pub sweep: Option<String>,
+    /// Bounded-load factor of the affinity run: a few dozen sessions hash unevenly over a
+    /// few replicas, and a tighter bound than the proxy's default 1.5 evens them out.
+    #[arg(long, default_value_t = 1.25)]
+    pub load_factor: f64,
     /// MLPerf agentic dataset to draw from [default: the standard set, generated on first use].
     #[arg(long)]
     pub dataset: Option<PathBuf>,
@@ -62,6 +66,7 @@ struct Plan {
     kv_tokens: usize,
     time_scale: f64,
     sweep: Vec<usize>,
+    load_factor: f64,
     oracle_accuracy: f64,
     dataset: String,
 }
@@ -85,6 +90,7 @@ impl Plan {
                 .time_scale
                 .unwrap_or(if args.quick { 0.02 } else { 0.05 }),
             sweep,
+            load_factor: args.load_factor,
             oracle_accuracy: 0.9,
             dataset: String::new(),
         };
@@ -330,7 +336,12 @@ fn sim_config(plan: &Plan) -> anyhow::Result<SimConfig> {
     Ok(cfg)
 }
 
-fn proxy_config(backends: &[SocketAddr], policy: Policy, capture_dir: &Path) -> ProxyConfig {
+fn proxy_config(
+    plan: &Plan,
+    backends: &[SocketAddr],
+    policy: Policy,
+    capture_dir: &Path,
+) -> ProxyConfig {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut cfg = ProxyConfig {
         listen: loopback,
@@ -347,6 +358,7 @@ fn proxy_config(backends: &[SocketAddr], policy: Policy, capture_dir: &Path) -> 
     };
     cfg.admin.listen = loopback;
     cfg.affinity.policy = policy;
+    cfg.affinity.load_factor = plan.load_factor;
     cfg.capture.enabled = true;
     cfg.capture.dir = capture_dir.to_path_buf();
     cfg
@@ -386,7 +398,7 @@ impl Stack {
             Some(oracle.clone()),
         )?;
         let proxy = proxy::start(
-            proxy_config(&sims.addrs(), policy, &dir.join("captures")),
+            proxy_config(plan, &sims.addrs(), policy, &dir.join("captures")),
             listener,
         )
         .await?;

@@ -30,13 +30,13 @@ fn rows() -> Vec<Row> {
             format: ms,
         },
         Row {
-            name: "TTFT p50",
+            name: "TTFT p50 (client)",
             better: "lower",
             value: |r| Some(r.ttft_p50_ms),
             format: ms,
         },
         Row {
-            name: "TTFT p90",
+            name: "TTFT p90 (client)",
             better: "lower",
             value: |r| Some(r.ttft_p90_ms),
             format: ms,

@@ -29,6 +29,9 @@ pub struct ProxyConfig {
     pub max_request_body_bytes: u64,
     /// How long in-flight requests and streams may run after SIGINT/SIGTERM before the proxy exits.
     pub shutdown_grace_secs: u64,
+    /// Forwarding threads, each with its own single-threaded runtime, accept loop and upstream
+    /// pool, so a request never hops threads (0: one per CPU core).
+    pub workers: usize,
     /// Ingress TLS termination; absent means plain HTTP.
     pub tls: Option<TlsConfig>,
     /// Metrics and admin API listener.
@@ -188,6 +191,7 @@ impl Default for ProxyConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_request_body_bytes: 64 * 1024 * 1024,
             shutdown_grace_secs: 30,
+            workers: 0,
             tls: None,
             admin: AdminConfig::default(),
             upstream: UpstreamConfig::default(),
@@ -281,6 +285,9 @@ impl ProxyConfig {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes: must be > 0, got 0".into());
+        }
+        if self.workers > 256 {
+            return bad(format!("workers: must be <= 256, got {}", self.workers));
         }
         if !self.admin.listen.ip().is_loopback() {
             match &self.admin.token {

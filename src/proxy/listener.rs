@@ -69,9 +69,70 @@ pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
     Ok(TlsAcceptor::from(Arc::new(server)))
 }
 
-/// Serves connections until `shutdown`, then drains them for up to `grace`.
+/// Serves connections on `workers` threads until `shutdown`, then drains them for up to `grace`.
+///
+/// Each worker is an OS thread with a single-threaded runtime running its own accept loop on
+/// the shared socket and its own upstream pool: a request, its upstream connection and its
+/// response all stay on one thread, which saves the cross-thread wake-ups that otherwise cost
+/// more than the forwarding itself.
 pub async fn serve(
+    tcp: std::net::TcpListener,
+    workers: usize,
+    tls: Option<TlsAcceptor>,
+    inner: Arc<Inner>,
+    shutdown: Shutdown,
+    grace: Duration,
+) {
+    let mut done = Vec::new();
+    for worker in 0..workers.max(1) {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        done.push(rx);
+        let listener = match tcp.try_clone() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot share the listening socket with a worker");
+                continue;
+            }
+        };
+        let (tls, inner, shutdown) = (tls.clone(), inner.clone(), shutdown.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("agentrace-proxy-{worker}"))
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start a worker runtime");
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            accept_loop(listener, worker, tls, inner, shutdown, grace).await
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "worker cannot use the listening socket")
+                        }
+                    }
+                });
+                let _ = tx.send(());
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a worker thread");
+        }
+    }
+    drop(tcp);
+    for rx in done {
+        let _ = rx.await;
+    }
+}
+
+async fn accept_loop(
     tcp: TcpListener,
+    worker: usize,
     tls: Option<TlsAcceptor>,
     inner: Arc<Inner>,
     mut shutdown: Shutdown,
@@ -91,7 +152,7 @@ pub async fn serve(
                     let builder = builder.clone();
                     let (inner, tls) = (inner.clone(), tls.clone());
                     connections.spawn(async move {
-                        serve_connection(stream, peer, tls, builder, watcher, inner).await;
+                        serve_connection(stream, peer, tls, builder, watcher, inner, worker).await;
                     });
                 }
                 Err(e) => {
@@ -106,6 +167,7 @@ pub async fn serve(
     let open = graceful.count();
     if open > 0 {
         tracing::info!(
+            worker,
             connections = open,
             grace_secs = grace.as_secs(),
             "draining connections"
@@ -116,6 +178,7 @@ pub async fn serve(
         .is_err()
     {
         tracing::warn!(
+            worker,
             grace_secs = grace.as_secs(),
             "grace period over; closing the remaining connections"
         );
@@ -131,11 +194,12 @@ async fn serve_connection(
     builder: auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     inner: Arc<Inner>,
+    worker: usize,
 ) {
     let is_tls = tls.is_some();
     let service = service_fn(move |req| {
         let inner = inner.clone();
-        async move { Ok::<_, Infallible>(upstream::handle(inner, req, peer, is_tls).await) }
+        async move { Ok::<_, Infallible>(upstream::handle(inner, req, peer, is_tls, worker).await) }
     });
     let result = match tls {
         None => {

@@ -75,7 +75,10 @@ impl ProxyError {
 /// State shared by the listener, the health checker and the admin API.
 pub struct Inner {
     router: Router,
+    /// Client for health probes (runs on the caller's runtime).
     client: RwLock<UpstreamClient>,
+    /// One client (pool) per forwarding worker, so upstream connections live on its thread.
+    worker_clients: RwLock<Vec<UpstreamClient>>,
     metrics: ProxyMetrics,
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Mutex<Option<Recorder>>,
@@ -125,6 +128,13 @@ fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Po
     }
 }
 
+fn worker_count(config: &ProxyConfig) -> usize {
+    match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
 fn any_https(config: &ProxyConfig) -> bool {
     config.backends.iter().any(|b| b.url.starts_with("https:"))
 }
@@ -156,6 +166,10 @@ async fn start_inner(
         .map(listener::tls_acceptor)
         .transpose()?;
     let client = upstream::build_client(&config.upstream, any_https(&config))?;
+    let workers = worker_count(&config);
+    let worker_clients = (0..workers)
+        .map(|_| upstream::build_client(&config.upstream, any_https(&config)))
+        .collect::<Result<Vec<_>, _>>()?;
 
     let bind = |what: &'static str, addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
@@ -189,6 +203,7 @@ async fn start_inner(
     let inner = Arc::new(Inner {
         router,
         client: RwLock::new(client),
+        worker_clients: RwLock::new(worker_clients),
         metrics,
         sink,
         recorder: Mutex::new(recorder),
@@ -205,10 +220,15 @@ async fn start_inner(
     ];
     // The admin API and health checks keep running through the drain and stop after it, so
     // dropping the handle without joining leaves a fully working proxy.
+    let tcp = tcp.into_std().map_err(|source| ProxyError::Bind {
+        what: "proxy listener",
+        addr,
+        source,
+    })?;
     let listener = tokio::spawn({
         let inner = inner.clone();
         async move {
-            listener::serve(tcp, tls, inner, shutdown, grace).await;
+            listener::serve(tcp, workers, tls, inner, shutdown, grace).await;
             stop_side.fire();
         }
     });
@@ -248,16 +268,21 @@ impl Inner {
             || config.admin != current.admin
             || config.capture != current.capture
             || config.max_request_body_bytes != current.max_request_body_bytes
+            || config.workers != current.workers
         {
-            tracing::warn!("listen, tls, admin, capture and max_request_body_bytes changes need a restart; keeping the running values");
+            tracing::warn!("listen, tls, admin, capture, workers and max_request_body_bytes changes need a restart; keeping the running values");
         }
         let client = upstream::build_client(&config.upstream, any_https(&config))?;
+        let worker_clients = (0..self.worker_clients.read().len())
+            .map(|_| upstream::build_client(&config.upstream, any_https(&config)))
+            .collect::<Result<Vec<_>, _>>()?;
         let pool = build_pool(&config, &self.metrics, Some(&self.router.pool()));
         self.router.sessions.set_limits(
             config.affinity.max_sessions,
             Duration::from_secs(config.affinity.session_ttl_secs),
         );
         *self.client.write() = client;
+        *self.worker_clients.write() = worker_clients;
         self.retries
             .store(config.upstream.retries, Ordering::Relaxed);
         self.router.replace_pool(pool);

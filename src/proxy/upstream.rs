@@ -191,6 +191,7 @@ pub async fn handle(
     req: Request<Incoming>,
     peer: SocketAddr,
     tls: bool,
+    worker: usize,
 ) -> Response<ProxyBody> {
     let started_at = Instant::now();
     let started_unix_ns = std::time::SystemTime::now()
@@ -238,7 +239,7 @@ pub async fn handle(
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
 
     let headers = forward_headers(&parts.headers, &parts.uri, peer, tls);
-    let client = inner.client.read().clone();
+    let client = inner.worker_clients.read()[worker].clone();
     let retries = inner.retries.load(Ordering::Relaxed) as usize;
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = request_received_at.elapsed();
@@ -340,9 +341,18 @@ pub async fn handle(
         observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
         observer
     });
-    let empty = incoming.is_end_stream();
+    // For a body of known length (a plain JSON answer), wait for its first frame before
+    // answering: it is normally in the same packet as the head, and the client then gets head
+    // and body in one write instead of two. Streams (no length) are answered at once.
+    let mut incoming = incoming;
+    let mut pending = None;
+    if resp_parts.headers.contains_key(header::CONTENT_LENGTH) && !incoming.is_end_stream() {
+        pending = incoming.frame().await;
+    }
+    let empty = pending.is_none() && incoming.is_end_stream();
     let mut observed = ObservedBody {
         inner: incoming,
+        pending,
         exchange: Some(Exchange {
             backend,
             _in_flight: in_flight,
@@ -528,6 +538,8 @@ pin_project! {
     pub struct ObservedBody {
         #[pin]
         inner: Incoming,
+        // A frame read ahead of the head (bodies of known length), forwarded first.
+        pending: Option<Result<Frame<Bytes>, hyper::Error>>,
         exchange: Option<Exchange>,
     }
 }
@@ -544,7 +556,11 @@ impl HttpBody for ObservedBody {
         let Some(exchange) = this.exchange.as_mut() else {
             return Poll::Ready(None);
         };
-        match std::task::ready!(this.inner.as_mut().poll_frame(cx)) {
+        let item = match this.pending.take() {
+            Some(item) => Some(item),
+            None => std::task::ready!(this.inner.as_mut().poll_frame(cx)),
+        };
+        match item {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     if !exchange.got_first_byte && !data.is_empty() {
@@ -610,11 +626,21 @@ impl HttpBody for ObservedBody {
     /// Ends only after the inner body said so through `poll_frame`, so the exchange is always
     /// finished there (and never mistaken for a client that went away).
     fn is_end_stream(&self) -> bool {
-        self.exchange.is_none()
+        self.exchange.is_none() && self.pending.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let ahead = match &self.pending {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        };
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + ahead);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + ahead);
+        }
+        hint
     }
 }
 

@@ -89,7 +89,8 @@ pub struct ReplayConfig {
     pub log_prompts: LogPrompts,
     /// Write `sample.recv_non_first` for every streamed event after the first.
     pub log_chunks: bool,
-    /// Sleep to ~1 ms before each deadline, then yield until it (sub-millisecond pacing).
+    /// Sleep to 1 ms before each deadline, then yield until it. Off by default: it lowers the
+    /// median lag when the client has CPU to spare and raises the tail when it has not.
     pub precise_pacing: bool,
     /// Inline accuracy gate; the preset's threshold when absent.
     pub accuracy_threshold: Option<f64>,
@@ -122,7 +123,7 @@ impl Default for ReplayConfig {
             max_duration_s: 0.0,
             log_prompts: LogPrompts::Compact,
             log_chunks: false,
-            precise_pacing: true,
+            precise_pacing: false,
             accuracy_threshold: None,
             osl_band: None,
             progress: false,

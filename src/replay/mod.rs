@@ -118,6 +118,8 @@ pub struct ReplaySummary {
     pub schedule_lag_p99_us: f64,
     /// Schedule lag max (µs).
     pub schedule_lag_max_us: f64,
+    /// Schedule lag p99 of turns sent after a recorded delay (µs).
+    pub schedule_lag_delayed_p99_us: f64,
     /// Failed or aborted turns.
     pub failures: u64,
     /// Failures by kind.

@@ -322,7 +322,7 @@ impl Replica {
                 )
             })?
             .to_bytes();
-        let plan = self.plan(api, &body)?;
+        let mut plan = self.plan(api, &body)?;
         let cfg = &self.config;
         let needed_blocks =
             (plan.prompt.tokens + plan.reply.tokens).div_ceil(cfg.engine.block_size);
@@ -343,10 +343,9 @@ impl Replica {
         let f = &cfg.faults;
         let draw = fault_rng.next_f64();
         if draw < f.fail_rate {
-            return Err(HttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "simulated failure",
-            ));
+            let status =
+                StatusCode::from_u16(f.fail_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(HttpError::new(status, "simulated failure"));
         }
         if draw < f.fail_rate + f.hang_rate {
             self.shutdown.clone().wait().await;
@@ -377,7 +376,7 @@ impl Replica {
             seq,
             arrival_ns,
             ready_ns,
-            prompt: plan.prompt.clone(),
+            prompt: std::mem::take(&mut plan.prompt),
             output_tokens: plan.reply.tokens,
             events: tx,
             trace: TraceContext {

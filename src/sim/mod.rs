@@ -264,6 +264,7 @@ pub fn start_with_oracle(
             &config.model,
             config.engine.block_size,
             config.engine.num_gpu_blocks,
+            config.legacy_metrics,
         ));
         let (engine_tx, engine_rx) = mpsc::unbounded_channel();
         let engine = Engine::new(
