@@ -1,7 +1,7 @@
 //! Capture benchmark: what recording costs and how much it stores.
 //!
-//! `cargo bench --bench capture [-- [sink|proxy] [SAMPLE.jsonl]]` (both parts, on the public
-//! MLPerf sample, by default):
+//! `cargo bench --bench capture [-- [sink|proxy|throughput] [SAMPLE.jsonl]]` (every part, on
+//! the public MLPerf sample, by default):
 //!
 //! 1. **sink**: the sample's 1,007 exchanges (reference request bodies, the recorded replies
 //!    as SSE) driven straight into a recorder: time spent in the sink calls per exchange (the
@@ -9,6 +9,10 @@
 //! 2. **proxy**: the sample replayed closed-loop (20 slots, no think time) through a proxy in
 //!    front of the simulator, capture off then on, alternating twice: throughput and latency
 //!    with and without capture, stored vs raw bytes through the real data path.
+//! 3. **throughput**: two in-process proxies, capture off and on, in front of the same
+//!    loopback backend (a small chat-completion answer as 16 SSE events), hammered by 32
+//!    connections over 1,000 session keys for 3 s each, interleaved 5 times: median
+//!    requests/s and p50/p99 latency of each, so the ratio shows what capture costs the proxy.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,6 +104,12 @@ async fn sink_bench(dataset: &agentrace::dataset::Dataset) {
                 });
             }
         }
+    }
+    // Frames from a socket are shared `Bytes`, whose clone is one atomic increment; make these
+    // the same (the first clone of a `Bytes` built from a `String` allocates).
+    for e in &exchanges {
+        drop(e.frames.clone());
+        drop(e.body.clone());
     }
     let raw: u64 = exchanges
         .iter()
@@ -290,10 +300,158 @@ async fn proxy_bench(dataset: Arc<agentrace::dataset::Dataset>) {
     }
 }
 
+const MODES: [&str; 3] = ["sink", "proxy", "throughput"];
+
+/// A loopback backend answering every POST with 16 SSE events of a chat completion.
+async fn sse_backend() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let events: Vec<Bytes> = (0..16)
+        .map(|i| {
+            Bytes::from(format!(
+                "data: {}\n\n",
+                json!({"id": "c", "object": "chat.completion.chunk", "model": "bench",
+                       "choices": [{"index": 0, "delta": {"content": format!("token{i} ")}}]})
+            ))
+        })
+        .chain([Bytes::from_static(b"data: [DONE]\n\n")])
+        .collect();
+    let events = Arc::new(events);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let events = events.clone();
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let events = events.clone();
+                        async move {
+                            use http_body_util::BodyExt;
+                            let _ = req.into_body().collect().await;
+                            let frames = futures_util::stream::iter(
+                                events
+                                    .iter()
+                                    .cloned()
+                                    .map(|b| {
+                                        Ok::<_, std::convert::Infallible>(http_body::Frame::data(b))
+                                    })
+                                    .collect::<Vec<_>>(),
+                            );
+                            let resp = http::Response::builder()
+                                .header("content-type", "text/event-stream")
+                                .body(http_body_util::StreamBody::new(frames))
+                                .unwrap();
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Requests/s and latency percentiles (ms) of `conns` closed-loop connections for `secs`.
+async fn hammer(addr: std::net::SocketAddr, conns: usize, secs: f64) -> (f64, f64, f64) {
+    use http_body_util::BodyExt;
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let body = Bytes::from_static(br#"{"model":"bench","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the failing test."}],"stream":true,"max_tokens":16}"#);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..conns {
+        let client = client.clone();
+        let body = body.clone();
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = c;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+                    .header("x-session-id", format!("key-{}", i % 1000))
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(body.clone()))
+                    .unwrap();
+                let resp = client.request(req).await.unwrap();
+                let _ = resp.into_body().collect().await.unwrap();
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                i += conns;
+            }
+            lat
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(Ok(l)) = tasks.join_next().await {
+        all.extend(l);
+    }
+    all.sort_by(f64::total_cmp);
+    let pct = |q: f64| all[((q * all.len() as f64) as usize).min(all.len() - 1)];
+    (all.len() as f64 / secs, pct(0.5), pct(0.99))
+}
+
+async fn throughput_bench() {
+    let backend = sse_backend().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let (_stop, shutdown) = agentrace::shutdown::channel();
+    let mut proxies = Vec::new();
+    for capture in [false, true] {
+        let mut config = agentrace::proxy::ProxyConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Default::default()
+        };
+        config.admin.listen = "127.0.0.1:0".parse().unwrap();
+        config.backends = vec![agentrace::proxy::config::BackendConfig {
+            name: "gpu-0".into(),
+            url: format!("http://{backend}"),
+            weight: 1.0,
+        }];
+        if capture {
+            config.capture = CaptureConfig {
+                enabled: true,
+                dir: tmp.path().join("cap"),
+                ..CaptureConfig::default()
+            };
+        }
+        proxies.push(
+            agentrace::proxy::start(config, shutdown.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let mut results: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..5 {
+        for (i, p) in proxies.iter().enumerate() {
+            results[i].push(hammer(p.addr, 32, 3.0).await);
+        }
+    }
+    let median = |v: &mut Vec<(f64, f64, f64)>| {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v[v.len() / 2]
+    };
+    let off = median(&mut results[0]);
+    let on = median(&mut results[1]);
+    for (name, r) in [("off", off), ("on ", on)] {
+        println!(
+            "throughput capture {name}: {:.0} req/s (median of 5), p50 {:.2} ms, p99 {:.2} ms",
+            r.0, r.1, r.2
+        );
+    }
+    println!(
+        "throughput: capture on / off = {:.1}%",
+        on.0 * 100.0 / off.0
+    );
+}
+
 fn main() {
     let path = std::env::args()
         .skip(1)
-        .find(|a| !a.starts_with("--") && a != "sink" && a != "proxy")
+        .find(|a| !a.starts_with("--") && !MODES.contains(&a.as_str()))
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(concat!(
@@ -317,12 +475,16 @@ fn main() {
             dataset.conversations.len(),
             dataset.client_turn_count()
         );
-        let only = std::env::args().find(|a| a == "sink" || a == "proxy");
-        if only.as_deref() != Some("proxy") {
+        let only = std::env::args().find(|a| MODES.contains(&a.as_str()));
+        let run = |m: &str| only.as_deref().is_none_or(|o| o == m);
+        if run("sink") {
             sink_bench(&dataset).await;
         }
-        if only.as_deref() != Some("sink") {
+        if run("proxy") {
             proxy_bench(dataset).await;
+        }
+        if run("throughput") {
+            throughput_bench().await;
         }
     });
 }

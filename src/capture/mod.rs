@@ -94,40 +94,42 @@ impl CaptureConfig {
     /// Checks the section; the message names the field and the value.
     pub fn validate(&self) -> Result<(), String> {
         if self.dir.as_os_str().is_empty() {
-            return Err("dir: must not be empty".into());
+            return Err("capture.dir: must not be empty".into());
         }
         if self.queue_capacity == 0 {
-            return Err("queue_capacity: must be >= 1, got 0".into());
+            return Err("capture.queue_capacity: must be >= 1, got 0".into());
         }
         if self.memory_bound_bytes < 1024 {
             return Err(format!(
-                "memory_bound_bytes: must be >= 1024, got {}",
+                "capture.memory_bound_bytes: must be >= 1024, got {}",
                 self.memory_bound_bytes
             ));
         }
         if self.flush_interval_ms == 0 || self.flush_interval_ms > 60_000 {
             return Err(format!(
-                "flush_interval_ms: must be in 1..=60000, got {}",
+                "capture.flush_interval_ms: must be in 1..=60000, got {}",
                 self.flush_interval_ms
             ));
         }
         if self.rotate_bytes < 4096 {
             return Err(format!(
-                "rotate_bytes: must be >= 4096, got {}",
+                "capture.rotate_bytes: must be >= 4096, got {}",
                 self.rotate_bytes
             ));
         }
         if self.rotate_age_s == 0 {
-            return Err("rotate_age_s: must be >= 1, got 0".into());
+            return Err("capture.rotate_age_s: must be >= 1, got 0".into());
         }
         for name in &self.redact_headers {
             if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!("redact_headers: not a header name: {name:?}"));
+                return Err(format!(
+                    "capture.redact_headers: not a header name: {name:?}"
+                ));
             }
         }
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!(
-                "zstd_level: must be in 1..=19, got {}",
+                "capture.zstd_level: must be in 1..=19, got {}",
                 self.zstd_level
             ));
         }
@@ -280,19 +282,19 @@ mod tests {
         );
         bad(
             |c| c.flush_interval_ms = 0,
-            "flush_interval_ms: must be in 1..=60000, got 0",
+            "capture.flush_interval_ms: must be in 1..=60000, got 0",
         );
         bad(
             |c| c.rotate_bytes = 10,
-            "rotate_bytes: must be >= 4096, got 10",
+            "capture.rotate_bytes: must be >= 4096, got 10",
         );
         bad(
             |c| c.memory_bound_bytes = 1,
-            "memory_bound_bytes: must be >= 1024, got 1",
+            "capture.memory_bound_bytes: must be >= 1024, got 1",
         );
         bad(
             |c| c.zstd_level = 22,
-            "zstd_level: must be in 1..=19, got 22",
+            "capture.zstd_level: must be in 1..=19, got 22",
         );
         bad(
             |c| c.redact_headers.push("bad header".into()),
