@@ -66,6 +66,7 @@ struct Plan {
     kv_tokens: usize,
     time_scale: f64,
     sweep: Vec<usize>,
+    sweep_point_s: f64,
     load_factor: f64,
     oracle_accuracy: f64,
     dataset: String,
@@ -90,6 +91,7 @@ impl Plan {
                 .time_scale
                 .unwrap_or(if args.quick { 0.02 } else { 0.05 }),
             sweep,
+            sweep_point_s: if args.quick { 4.0 } else { 10.0 },
             load_factor: args.load_factor,
             oracle_accuracy: 0.9,
             dataset: String::new(),
@@ -491,6 +493,9 @@ async fn sweep(
     let (_never, replay_shutdown) = shutdown::channel();
     let mut base = replay_config(plan, stack.proxy.addr, 1);
     base.progress = false;
+    // Each point measures a fixed stretch rather than a whole pass: at concurrency 1 a pass
+    // would replay every trajectory one after another.
+    base.max_duration_s = plan.sweep_point_s;
     let points = replay::sweep::run(base, &plan.sweep, dataset.clone(), dir, replay_shutdown).await;
     stack.stop().await;
     points.context("the sweep failed")?;
