@@ -43,7 +43,12 @@ pub enum Command {
 /// Entry point of the binary: parse, set up logging, run the command on a tokio runtime.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::telemetry::init(cli.log_format);
+    // The demo prints its own narrative; its servers' routine logs would drown it.
+    let default_level = match cli.command {
+        Command::Demo(_) => "warn",
+        _ => "info",
+    };
+    crate::telemetry::init(cli.log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

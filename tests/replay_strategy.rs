@@ -454,6 +454,81 @@ async fn stop_issuing_refills_first_then_clears_active_trajectories() {
     assert!(of_type(&ev, "error.generic").is_empty());
 }
 
+// §20.16/22/26/28, §5, §10: on the wire the system prompt carries the reference's two salts
+// (repeat 2 → `ba75`), the messages array grows turn over turn, `tools` is in every payload,
+// `delay_seconds` never is, and usage is requested. With `--log-prompts full` ISSUED records
+// carry that same salted history; by default a compact reference with the body's hash.
+#[tokio::test]
+async fn salted_growing_history_with_tools_goes_on_the_wire() {
+    let srv = start(|_| Plan::default()).await;
+    let mut cfg = config(&srv.url(), 1);
+    cfg.enable_salt = true;
+    cfg.inject_tool_delay = true;
+    cfg.time_scale = 0.01;
+    cfg.num_trajectories = Some(2);
+    cfg.log_prompts = replay::LogPrompts::Full;
+    let out = tempfile::tempdir().unwrap();
+    let ds = dataset(vec![conversation(
+        "django__django-16899",
+        3,
+        &[0.0, 0.5, 0.5],
+        "ls",
+    )]);
+    replay::run(cfg, ds.clone(), out.path(), no_shutdown())
+        .await
+        .unwrap();
+    let seen = srv.seen();
+    assert_eq!(seen.len(), 6);
+    let bodies: Vec<Value> = seen
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    for (i, b) in bodies.iter().enumerate() {
+        let repeat_salt = if i < 3 { "4461" } else { "ba75" };
+        assert_eq!(
+            b["messages"][0]["content"],
+            format!("[salt: {repeat_salt}]\n\nYou are a test.\n\n[salt: edc0]")
+        );
+        assert_eq!(
+            b["messages"].as_array().unwrap().len(),
+            [2, 4, 6][i % 3],
+            "history grows"
+        );
+        assert!(b["tools"].is_array(), "tools in every payload");
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        let text = String::from_utf8_lossy(&seen[i].body).to_string();
+        assert!(!text.contains("delay_seconds"));
+    }
+    let ev = events(out.path());
+    let issued = of_type(&ev, "sample.issued");
+    assert_eq!(
+        issued[0]["data"][3][0]["content"],
+        bodies[0]["messages"][0]["content"]
+    );
+    assert_eq!(issued[0]["data"][4], bodies[0]["tools"]);
+
+    let srv = start(|_| Plan::default()).await;
+    let mut cfg = config(&srv.url(), 1);
+    cfg.enable_salt = true;
+    let out = tempfile::tempdir().unwrap();
+    replay::run(cfg, ds, out.path(), no_shutdown())
+        .await
+        .unwrap();
+    let ev = events(out.path());
+    let text = of_type(&ev, "sample.issued")[1]["data"][1]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        text.starts_with(
+            "agentrace-compact source=django__django-16899 turn=3 messages=4 body_bytes="
+        ),
+        "{text}"
+    );
+    assert_eq!(of_type(&ev, "sample.issued")[1]["data"][3], Value::Null);
+}
+
 // Warmup (§21.6): warmup trajectories run first under their own ids, and nothing of them
 // reaches events.jsonl or the metrics.
 #[tokio::test]
@@ -479,6 +554,46 @@ async fn warmup_trajectories_run_first_and_are_excluded() {
     assert!(ev
         .iter()
         .all(|e| !e["conversation_id"].as_str().unwrap().contains("warmup")));
+}
+
+// --log-chunks: one `sample.recv_non_first` per streamed delta after the first, stamped in
+// order between RECV_FIRST and COMPLETE; without it, none.
+#[tokio::test]
+async fn log_chunks_records_every_later_chunk_in_time_order() {
+    let srv = start(|_| Plan {
+        content: vec!["a".into(), "b".into(), "c".into(), "d".into()],
+        gap: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await;
+    for log_chunks in [false, true] {
+        let mut cfg = config(&srv.url(), 1);
+        cfg.log_chunks = log_chunks;
+        let out = tempfile::tempdir().unwrap();
+        replay::run(
+            cfg,
+            dataset(vec![conversation("a", 2, &[], "ls")]),
+            out.path(),
+            no_shutdown(),
+        )
+        .await
+        .unwrap();
+        let ev = events(out.path());
+        let later = of_type(&ev, "sample.recv_non_first");
+        assert_eq!(later.len(), if log_chunks { 6 } else { 0 });
+        for c in of_type(&ev, "sample.complete") {
+            let uuid = &c["sample_uuid"];
+            let ts: Vec<u64> = ev
+                .iter()
+                .filter(|e| &e["sample_uuid"] == uuid)
+                .map(|e| e["timestamp_ns"].as_u64().unwrap())
+                .collect();
+            assert!(
+                ts.windows(2).all(|w| w[0] <= w[1]),
+                "records of a sample out of time order"
+            );
+        }
+    }
 }
 
 // Usage absent: token counts are estimated and labelled so in the summary and the report.

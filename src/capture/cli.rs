@@ -1,12 +1,315 @@
 //! `agentrace capture …`: list, summarise, print and export captures.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::Context;
+
+use super::export::{self, ExportOptions};
+use super::format::{self, parse_time};
+use super::reader::{self, Entry, SegmentReader};
 
 /// Subcommands of `agentrace capture`.
 #[derive(Debug, clap::Subcommand)]
-pub enum CaptureCommand {}
+pub enum CaptureCommand {
+    /// List the segment files of a capture directory.
+    Ls {
+        /// The capture directory.
+        dir: PathBuf,
+    },
+    /// Sessions, exchanges, bytes raw vs stored, time span, backends, dropped records.
+    Stats {
+        /// The capture directory.
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the records as JSONL with every body whole.
+    Cat {
+        /// The capture directory.
+        dir: PathBuf,
+        /// Only this session key.
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Write an MLPerf agentic dataset (`.jsonl`, or `.jsonl.zst`) from a capture.
+    Export {
+        /// The capture directory.
+        dir: PathBuf,
+        /// The dataset file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Only these session keys (repeatable).
+        #[arg(long = "session")]
+        sessions: Vec<String>,
+        /// Only exchanges started at or after this time (Unix seconds or RFC 3339 UTC).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only exchanges started before this time (Unix seconds or RFC 3339 UTC).
+        #[arg(long)]
+        until: Option<String>,
+        /// Replace message texts by hashes of the same length, for sharing.
+        #[arg(long)]
+        redact_content: bool,
+    },
+}
 
 /// Runs one capture subcommand.
 pub async fn run(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
-    match cmd {}
+    // Reading and decompressing is blocking work: keep it off the runtime's threads.
+    tokio::task::spawn_blocking(move || run_blocking(cmd)).await?
+}
+
+fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let result = match cmd {
+        CaptureCommand::Ls { dir } => ls(&dir, &mut out),
+        CaptureCommand::Stats { dir, json } => {
+            let stats = stats(&dir)?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &stats)?;
+                writeln!(out)?;
+            } else {
+                stats.print(&mut out)?;
+            }
+            Ok(())
+        }
+        CaptureCommand::Cat { dir, session } => cat(&dir, session.as_deref(), &mut out),
+        CaptureCommand::Export {
+            dir,
+            out: path,
+            sessions,
+            since,
+            until,
+            redact_content,
+        } => {
+            let time = |flag: &str, v: Option<String>| -> anyhow::Result<Option<u64>> {
+                v.map(|t| parse_time(&t).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
+                    .transpose()
+            };
+            let opts = ExportOptions {
+                sessions,
+                since_unix_ns: time("since", since)?,
+                until_unix_ns: time("until", until)?,
+                redact_content,
+            };
+            let report = export::export(&dir, &path, &opts)?;
+            for cut in &report.cuts {
+                tracing::warn!("{cut}");
+            }
+            writeln!(
+                out,
+                "wrote {}: {} conversations, {} rows, {} client turns from {} exchanges",
+                path.display(),
+                report.conversations,
+                report.rows,
+                report.client_turns,
+                report.exchanges
+            )?;
+            for (reason, n) in &report.skipped {
+                writeln!(out, "  left out {n}: {reason}")?;
+            }
+            Ok(())
+        }
+    };
+    match result {
+        Err(e) if is_broken_pipe(&e) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e),
+        Ok(()) => {
+            out.flush().ok();
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn ls(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let segments = reader::segments(dir)?;
+    if segments.is_empty() {
+        writeln!(out, "no segments in {}", dir.display())?;
+    }
+    for path in segments {
+        let size = std::fs::metadata(&path)
+            .with_context(|| path.display().to_string())?
+            .len();
+        let mut r = SegmentReader::open(&path)?;
+        let (mut exchanges, mut dropped) = (0u64, 0u64);
+        let mut span: Option<(u64, u64)> = None;
+        for entry in r.by_ref() {
+            match entry {
+                Entry::Exchange(e) => {
+                    exchanges += 1;
+                    let (s, t) = (e.record.start_unix_ns, e.end_unix_ns());
+                    span = Some(span.map_or((s, t), |(a, b)| (a.min(s), b.max(t))));
+                }
+                Entry::Dropped(d) => dropped += d.count,
+                Entry::Segment(_) => {}
+            }
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let span = span.map_or("-".to_owned(), |(a, b)| {
+            format!("{} .. {}", format::rfc3339(a), format::rfc3339(b))
+        });
+        let status = r.cut().map_or("ok".to_owned(), |c| {
+            format!("cut after {} lines: {}", c.records, c.reason)
+        });
+        writeln!(
+            out,
+            "{name}  {size} bytes  {exchanges} exchanges  {dropped} dropped  {span}  {status}"
+        )?;
+    }
+    Ok(())
+}
+
+/// What `capture stats` reports.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct CaptureStats {
+    /// Segment files.
+    pub segments: usize,
+    /// Distinct session keys.
+    pub sessions: usize,
+    /// Exchanges read.
+    pub exchanges: u64,
+    /// Exchanges without a session key.
+    pub keyless_exchanges: u64,
+    /// Exchanges stored without part of their payload.
+    pub incomplete_exchanges: u64,
+    /// Records the recorder reported dropped.
+    pub dropped_records: u64,
+    /// Request plus response body bytes, as they passed through.
+    pub bytes_raw: u64,
+    /// Bytes of the segment files.
+    pub bytes_stored: u64,
+    /// `bytes_stored / bytes_raw`.
+    pub stored_ratio: f64,
+    /// First exchange start (RFC 3339).
+    pub first_start: Option<String>,
+    /// Last exchange end (RFC 3339).
+    pub last_end: Option<String>,
+    /// Seconds between them.
+    pub span_seconds: f64,
+    /// Exchanges per backend.
+    pub backends: BTreeMap<String, u64>,
+    /// Exchanges per response status (`none` when no response arrived).
+    pub statuses: BTreeMap<String, u64>,
+    /// Segments that end early.
+    pub cuts: Vec<reader::Cut>,
+}
+
+impl CaptureStats {
+    fn print(&self, out: &mut impl Write) -> std::io::Result<()> {
+        writeln!(out, "segments        {}", self.segments)?;
+        writeln!(out, "sessions        {}", self.sessions)?;
+        writeln!(
+            out,
+            "exchanges       {} ({} without session key, {} incomplete)",
+            self.exchanges, self.keyless_exchanges, self.incomplete_exchanges
+        )?;
+        writeln!(out, "dropped records {}", self.dropped_records)?;
+        writeln!(
+            out,
+            "bytes           {} raw, {} stored ({:.2}%)",
+            self.bytes_raw,
+            self.bytes_stored,
+            self.stored_ratio * 100.0
+        )?;
+        writeln!(
+            out,
+            "time span       {} .. {} ({:.3} s)",
+            self.first_start.as_deref().unwrap_or("-"),
+            self.last_end.as_deref().unwrap_or("-"),
+            self.span_seconds
+        )?;
+        let join = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(out, "backends        {}", join(&self.backends))?;
+        writeln!(out, "statuses        {}", join(&self.statuses))?;
+        for cut in &self.cuts {
+            writeln!(out, "cut             {cut}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Summarises the capture in `dir`.
+pub fn stats(dir: &Path) -> anyhow::Result<CaptureStats> {
+    let mut s = CaptureStats::default();
+    let mut sessions = BTreeSet::new();
+    let mut span: Option<(u64, u64)> = None;
+    for path in reader::segments(dir)? {
+        s.segments += 1;
+        s.bytes_stored += std::fs::metadata(&path)
+            .with_context(|| path.display().to_string())?
+            .len();
+    }
+    s.cuts = reader::for_each(dir, |_, entry| {
+        match entry {
+            Entry::Exchange(e) => {
+                let r = &e.record;
+                s.exchanges += 1;
+                match &r.session {
+                    Some(k) => {
+                        sessions.insert(k.clone());
+                    }
+                    None => s.keyless_exchanges += 1,
+                }
+                s.incomplete_exchanges += u64::from(!r.complete);
+                s.bytes_raw += r.request.body.len + r.response.as_ref().map_or(0, |x| x.body.len);
+                *s.backends.entry(r.backend.clone()).or_default() += 1;
+                let status = r
+                    .response
+                    .as_ref()
+                    .map_or("none".to_owned(), |x| x.status.to_string());
+                *s.statuses.entry(status).or_default() += 1;
+                let (a, b) = (r.start_unix_ns, e.end_unix_ns());
+                span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
+            Entry::Dropped(d) => s.dropped_records += d.count,
+            Entry::Segment(_) => {}
+        }
+        Ok(())
+    })?;
+    s.sessions = sessions.len();
+    if s.bytes_raw > 0 {
+        s.stored_ratio = s.bytes_stored as f64 / s.bytes_raw as f64;
+    }
+    if let Some((a, b)) = span {
+        s.first_start = Some(format::rfc3339(a));
+        s.last_end = Some(format::rfc3339(b));
+        s.span_seconds = b.saturating_sub(a) as f64 / 1e9;
+    }
+    Ok(s)
+}
+
+fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+    let cuts = reader::for_each(dir, |_, entry| {
+        if let Entry::Exchange(e) = entry {
+            if session.is_none() || e.record.session.as_deref() == session {
+                let line = format::Line::Exchange(Box::new(e.expanded()));
+                serde_json::to_writer(&mut *out, &line)
+                    .map_err(|e| super::CaptureError::io(dir, e.into()))?;
+                out.write_all(b"\n")
+                    .map_err(|e| super::CaptureError::io(dir, e))?;
+            }
+        }
+        Ok(())
+    })?;
+    for cut in cuts {
+        tracing::warn!("{cut}");
+    }
+    Ok(())
 }

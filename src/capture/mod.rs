@@ -253,3 +253,103 @@ impl Recorder {
         writer.join().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid_and_off() {
+        let c = CaptureConfig::default();
+        assert!(!c.enabled);
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.flush_interval(), Duration::from_secs(1));
+        assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 3600));
+        assert_eq!(c.redact_headers.len(), 6);
+    }
+
+    #[test]
+    fn invalid_values_are_named_with_their_field_and_value() {
+        let bad = |f: fn(&mut CaptureConfig), want: &str| {
+            let mut c = CaptureConfig::default();
+            f(&mut c);
+            let msg = c.validate().unwrap_err();
+            assert!(msg.contains(want), "{msg:?} does not mention {want:?}");
+        };
+        bad(
+            |c| c.queue_capacity = 0,
+            "queue_capacity: must be >= 1, got 0",
+        );
+        bad(
+            |c| c.flush_interval_ms = 0,
+            "capture.flush_interval_ms: must be in 1..=60000, got 0",
+        );
+        bad(
+            |c| c.rotate_bytes = 10,
+            "capture.rotate_bytes: must be >= 4096, got 10",
+        );
+        bad(
+            |c| c.memory_bound_bytes = 1,
+            "capture.memory_bound_bytes: must be >= 1024, got 1",
+        );
+        bad(
+            |c| c.zstd_level = 22,
+            "capture.zstd_level: must be in 1..=19, got 22",
+        );
+        bad(
+            |c| c.redact_headers.push("bad header".into()),
+            "\"bad header\"",
+        );
+        bad(|c| c.dir = PathBuf::new(), "dir: must not be empty");
+    }
+
+    #[test]
+    fn config_section_parses_strictly() {
+        let c: CaptureConfig =
+            toml::from_str("enabled = true\ndir = \"/tmp/c\"\nfull_policy = \"block\"\n").unwrap();
+        assert_eq!(c.full_policy, FullPolicy::Block);
+        assert_eq!(c.queue_capacity, CaptureConfig::default().queue_capacity);
+        let err = toml::from_str::<CaptureConfig>("flush_interval = 5\n").unwrap_err();
+        assert!(err.to_string().contains("flush_interval"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn held_bytes_return_to_zero_once_records_are_written_or_cut() {
+        use crate::proxy::tap::{ExchangeEnd, ExchangeStart, KeySource};
+        let dir = tempfile::tempdir().unwrap();
+        let rec = Recorder::start(&CaptureConfig {
+            enabled: true,
+            dir: dir.path().to_path_buf(),
+            memory_bound_bytes: 100_000,
+            ..CaptureConfig::default()
+        })
+        .unwrap();
+        let frame = bytes::Bytes::from(vec![b'x'; 7_000]);
+        for frames in [3, 40] {
+            let now = tokio::time::Instant::now();
+            let mut obs = rec.sink.start(ExchangeStart {
+                session_key: Some("s".into()),
+                key_source: KeySource::Header,
+                backend: "b".into(),
+                started_unix_ns: 0,
+                started_at: now,
+                request_received_at: now,
+                method: http::Method::POST,
+                path_and_query: "/".into(),
+                request_headers: http::HeaderMap::new(),
+                request_body: bytes::Bytes::from_static(b"{}"),
+            });
+            obs.response_head(http::StatusCode::OK, &http::HeaderMap::new(), now);
+            for _ in 0..frames {
+                obs.response_frame(&frame, now);
+            }
+            obs.end(ExchangeEnd::Complete, now);
+        }
+        let shared = rec.shared.clone();
+        rec.finish().await;
+        assert_eq!(shared.held_bytes.load(Ordering::Relaxed), 0);
+        let back = reader::read_dir(dir.path()).unwrap().exchanges;
+        assert!(back[0].record.complete && !back[1].record.complete);
+        assert_eq!(back[1].request_body.as_deref(), Some(&b"{}"[..]));
+    }
+}

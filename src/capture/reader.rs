@@ -86,7 +86,7 @@ pub enum Entry {
 pub struct Cut {
     /// The segment.
     pub segment: PathBuf,
-    /// Complete lines read before the cut (the header included).
+    /// Complete lines read before the cut (the header line included).
     pub records: u64,
     /// What was found there.
     pub reason: String,
@@ -96,7 +96,7 @@ impl std::fmt::Display for Cut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: cut after {} complete records: {}",
+            "{}: cut after {} complete lines: {}",
             self.segment.display(),
             self.records,
             self.reason
@@ -265,8 +265,8 @@ impl Iterator for SegmentReader {
                 }
             }
             Err(e) => self.stop(format!(
-                "compressed data ends early or is damaged ({e}); \
-                 a segment still being written, or whose writer was killed"
+                "ends inside a compression frame ({e}): still being written, \
+                 or its writer stopped without closing it"
             )),
         }
     }

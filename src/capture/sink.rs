@@ -168,6 +168,7 @@ impl ExchangeSink for RecorderSink {
                 drop_reason,
                 held,
             })),
+            spare: 0,
         })
     }
 }
@@ -177,6 +178,29 @@ struct Observer {
     shared: Arc<Shared>,
     policy: FullPolicy,
     captured: Option<Box<Captured>>,
+    /// Bytes reserved against the memory bound but not used yet: frames are counted in
+    /// chunks, not one shared atomic update per frame.
+    spare: u64,
+}
+
+impl Observer {
+    /// Reserves room for at least `len` more bytes (a chunk, when the bound allows).
+    fn reserve(&mut self, len: u64) -> bool {
+        let chunk = (self.shared.memory_bound / 64).clamp(1, 64 * 1024);
+        let want = len.max(chunk);
+        let got = if self.shared.try_hold(want) {
+            want
+        } else if want > len && self.shared.try_hold(len) {
+            len
+        } else {
+            return false;
+        };
+        if let Some(c) = self.captured.as_mut() {
+            c.held += got;
+        }
+        self.spare += got;
+        true
+    }
 }
 
 impl ExchangeObserver for Observer {
@@ -187,21 +211,30 @@ impl ExchangeObserver for Observer {
     }
 
     fn response_frame(&mut self, data: &Bytes, at: Instant) {
+        let len = data.len() as u64;
+        match self.captured.as_mut() {
+            None => return,
+            Some(c) => {
+                c.frame_times.push((at, data.len()));
+                if c.drop_reason.is_some() {
+                    return;
+                }
+            }
+        }
+        let fits = self.spare >= len || self.reserve(len);
         let Some(c) = self.captured.as_mut() else {
             return;
         };
-        c.frame_times.push((at, data.len()));
-        if c.drop_reason.is_some() {
-            return;
-        }
-        if self.shared.try_hold(data.len() as u64) {
-            c.held += data.len() as u64;
+        if fits {
+            self.spare -= len;
             c.frames.push(data.clone());
         } else {
-            // Keep the timings, let go of every payload byte of this exchange.
-            let freed: u64 = c.frames.drain(..).map(|f| f.len() as u64).sum();
-            self.shared.release(freed);
-            c.held -= freed;
+            // Keep the timings and the request, let go of every response byte.
+            c.frames.clear();
+            let request = c.start.request_body.len() as u64;
+            self.shared.release(c.held - request);
+            c.held = request;
+            self.spare = 0;
             c.drop_reason = Some("memory_bound");
         }
     }

@@ -1,12 +1,127 @@
 //! `agentrace dataset …`: validate, stats, synth, convert-snapshot.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use super::synth::{SynthOptions, DEFAULT_SEED, STANDARD_SET_PATH};
+use super::{load, DatasetError, LoadOptions};
 
 /// Subcommands of `agentrace dataset`.
 #[derive(Debug, clap::Subcommand)]
-pub enum DatasetCommand {}
+pub enum DatasetCommand {
+    /// Check a dataset against every rule of the reference; lists all errors (exit 1).
+    Validate {
+        /// The JSONL file (`.jsonl` or `.jsonl.zst`).
+        path: PathBuf,
+        /// Stop listing errors after this many.
+        #[arg(long, default_value_t = 100)]
+        max_errors: usize,
+    },
+    /// Describe a dataset: conversations, turns, delays, prompt sizes, prefix sharing.
+    Stats {
+        /// The JSONL file (`.jsonl` or `.jsonl.zst`).
+        path: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate the synthetic standard set (490 coding + 500 workflow trajectories).
+    Synth {
+        /// Output file; zstd-compressed when it ends in `.zst`.
+        #[arg(long, default_value = STANDARD_SET_PATH)]
+        out: PathBuf,
+        /// Seed; the same seed gives the same bytes.
+        #[arg(long, default_value_t = DEFAULT_SEED)]
+        seed: u64,
+        /// Number of coding trajectories.
+        #[arg(long, default_value_t = 490)]
+        coding: usize,
+        /// Number of workflow trajectories.
+        #[arg(long, default_value_t = 500)]
+        workflow: usize,
+    },
+    /// Turn the reference's snapshot JSONL (one full `messages` array per line, the last
+    /// snapshot of a conversation wins) into flat dataset rows.
+    ConvertSnapshot {
+        /// The snapshot file (`.jsonl` or `.jsonl.zst`).
+        input: PathBuf,
+        /// The flat dataset to write (`.zst` compresses).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
 
 /// Runs one dataset subcommand.
 pub async fn run(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
-    match cmd {}
+    tokio::task::spawn_blocking(move || run_blocking(cmd))
+        .await
+        .context("the dataset task panicked")?
+}
+
+fn run_blocking(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DatasetCommand::Validate { path, max_errors } => {
+            match load(&path, &LoadOptions { max_errors }) {
+                Ok(ds) => {
+                    println!(
+                        "{}: valid: {} conversations, {} client turns, sha256 {}",
+                        path.display(),
+                        ds.conversations.len(),
+                        ds.client_turn_count(),
+                        ds.sha256
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e @ DatasetError::Invalid { .. }) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::FAILURE)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        DatasetCommand::Stats { path, json } => {
+            let ds = load(&path, &LoadOptions::default())?;
+            let stats = super::stats::DatasetStats::compute(&ds);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print!("{}", stats.table());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        DatasetCommand::Synth {
+            out,
+            seed,
+            coding,
+            workflow,
+        } => {
+            let opts = SynthOptions {
+                seed,
+                coding,
+                workflow,
+            };
+            super::synth::write_file(&out, &opts)?;
+            let size = std::fs::metadata(&out)?.len();
+            println!(
+                "{}: {} coding + {} workflow trajectories, seed {seed}, {size} bytes",
+                out.display(),
+                coding,
+                workflow
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DatasetCommand::ConvertSnapshot { input, out } => {
+            let summary = super::snapshot::convert_file(&input, &out)?;
+            println!(
+                "{}: {} conversations, {} rows from {} snapshot lines",
+                out.display(),
+                summary.conversations,
+                summary.rows,
+                summary.snapshots
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }

@@ -111,7 +111,7 @@ impl fmt::Display for ValidationError {
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: String,
@@ -796,6 +796,13 @@ pub(crate) const REQUEST_KEYS: &[&str] = &[
 /// Turns a validated, turn-sorted group into its history and client turns (§3, §4).
 fn build_conversation(group: Group) -> Conversation {
     let rows = group.rows;
+    if rows.is_empty() {
+        return Conversation {
+            id: group.id,
+            messages: Vec::new(),
+            client_turns: Vec::new(),
+        };
+    }
     let mut messages: Vec<HistoryMessage> = Vec::with_capacity(rows.len() + 4);
     if let Some(system) = rows.iter().find_map(|r| {
         r.get("system")
@@ -814,16 +821,19 @@ fn build_conversation(group: Group) -> Conversation {
 
     // What the first user row propagates to the conversation's other client rows (§4.2):
     // `model` and `max_completion_tokens` are always filled from the model parameters first,
-    // so only `max_new_tokens`, `tools` and a `stream: true` ever reach other rows.
-    let first = &rows[0];
-    let propagated: Vec<(&str, &Value)> = ["max_new_tokens", "stream", "tools"]
+    // so only `max_new_tokens`, `tools` and a `stream: true` ever reach other rows. `tools`
+    // (often tens of KB, on every row of converted files) is kept once, on the first turn,
+    // and applied by `Conversation::request_field`.
+    let first_tools = rows[0].get("tools").cloned();
+    let propagated: Vec<(&str, Value)> = ["max_new_tokens", "stream"]
         .into_iter()
-        .filter_map(|k| first.get(k).map(|v| (k, v)))
+        .filter_map(|k| rows[0].get(k).map(|v| (k, v.clone())))
         .filter(|(k, v)| *k != "stream" || truthy(v))
         .collect();
 
-    let mut client_turns = Vec::new();
-    for (i, row) in rows.iter().enumerate() {
+    // Pass 1: every message's wire form, and each client row's history length.
+    let mut history_lens = Vec::with_capacity(rows.len());
+    for row in &rows {
         let role = row.role().unwrap_or(Role::User);
         match row.get("tool_results") {
             Some(Value::Array(results)) => {
@@ -859,26 +869,39 @@ fn build_conversation(group: Group) -> Conversation {
                 ));
             }
         }
-        if role == Role::Assistant {
+        history_lens.push(messages.len());
+    }
+
+    // Pass 2: client turns, moving request fields and replies out of the rows.
+    let mut rows = rows;
+    let mut client_turns = Vec::new();
+    for i in 0..rows.len() {
+        if rows[i].role() == Some(Role::Assistant) {
             continue;
         }
+        let expected = match rows.get_mut(i + 1) {
+            Some(next) if next.role() == Some(Role::Assistant) => Some(expected_reply(next)),
+            _ => None,
+        };
+        let row = &mut rows[i];
         let mut overrides = Map::new();
         for key in REQUEST_KEYS {
-            if let Some(v) = row.get(key) {
-                overrides.insert((*key).to_string(), v.clone());
-            } else if i > 0 {
-                if let Some((_, v)) = propagated.iter().find(|(k, _)| k == key) {
-                    overrides.insert((*key).to_string(), (*v).clone());
+            match row.fields.remove(*key).filter(|v| !v.is_null()) {
+                Some(v) if *key == "tools" && i > 0 && Some(&v) == first_tools.as_ref() => {}
+                Some(v) => {
+                    overrides.insert((*key).to_string(), v);
                 }
+                None if i > 0 => {
+                    if let Some((_, v)) = propagated.iter().find(|(k, _)| k == key) {
+                        overrides.insert((*key).to_string(), v.clone());
+                    }
+                }
+                None => {}
             }
         }
-        let expected = rows
-            .get(i + 1)
-            .filter(|next| next.role() == Some(Role::Assistant))
-            .map(expected_reply);
         client_turns.push(ClientTurn {
             turn: row.turn as u32,
-            history_len: messages.len(),
+            history_len: history_lens[i],
             delay_seconds: row
                 .get("delay_seconds")
                 .and_then(Value::as_f64)
@@ -889,6 +912,7 @@ fn build_conversation(group: Group) -> Conversation {
         });
     }
     messages.shrink_to_fit();
+    client_turns.shrink_to_fit();
     Conversation {
         id: group.id,
         messages,
@@ -896,18 +920,22 @@ fn build_conversation(group: Group) -> Conversation {
     }
 }
 
-fn expected_reply(row: &Row) -> ExpectedReply {
+fn expected_reply(row: &mut Row) -> ExpectedReply {
+    let mut take_str = |key: &str| match row.fields.remove(key) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    };
+    let content = take_str("content");
+    let reasoning_content = take_str("reasoning_content");
     ExpectedReply {
         turn: row.turn as u32,
-        content: row
-            .get("content")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        reasoning_content: row
-            .get("reasoning_content")
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        tool_calls: row.get("tool_calls").cloned(),
+        content,
+        reasoning_content,
+        tool_calls: row
+            .fields
+            .remove("tool_calls")
+            .filter(|v| !v.is_null())
+            .map(compact),
         intent_codes: row
             .get("intent_codes")
             .and_then(Value::as_array)
@@ -918,6 +946,26 @@ fn expected_reply(row: &Row) -> ExpectedReply {
                     .map(str::to_string)
                     .collect()
             }),
+    }
+}
+
+/// The same value with every map and list at its exact size: the deserializer leaves room
+/// for four entries in small maps, which is most of a stored tool call's footprint.
+fn compact(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut out = Map::with_capacity(m.len());
+            for (k, v) in m {
+                out.insert(k, compact(v));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => {
+            let mut out = Vec::with_capacity(a.len());
+            out.extend(a.into_iter().map(compact));
+            Value::Array(out)
+        }
+        other => other,
     }
 }
 

@@ -70,10 +70,11 @@ pub struct ClientTurn {
     pub history_len: usize,
     /// Pause before issuing this turn when delays are injected (seconds; 0 when none).
     pub delay_seconds: f64,
-    /// Per-row request fields that win over the model preset (already propagated from the
-    /// first user row where the reference propagates: `max_new_tokens`, `tools` and a
-    /// `stream: true`), in the reference's field order. Never holds `tool_results`,
-    /// `tool_calls`, `delay_seconds` or bookkeeping keys.
+    /// Per-row request fields that win over the model preset, in the reference's field order
+    /// (already propagated from the first user row where the reference propagates:
+    /// `max_new_tokens` and a `stream: true`). `tools` is stored once, on the conversation's
+    /// first turn; [`Conversation::request_field`] resolves it for later turns. Never holds
+    /// `tool_results`, `tool_calls`, `delay_seconds` or bookkeeping keys.
     pub overrides: serde_json::Map<String, serde_json::Value>,
     /// The recorded assistant row that follows this turn: the scorer's ground truth.
     pub expected: Option<ExpectedReply>,
@@ -97,6 +98,8 @@ pub struct ExpectedReply {
 pub mod load;
 pub mod request;
 pub mod salt;
+pub mod snapshot;
+pub mod stats;
 pub mod synth;
 
 pub use load::{load, load_reader, DatasetError, LoadOptions, Rule, ValidationError};
@@ -137,6 +140,20 @@ impl Conversation {
     /// The inline scorer's domain: `workflow` iff the id matches `^sim_\d+$`.
     pub fn domain(&self) -> Domain {
         Domain::of(&self.id)
+    }
+
+    /// The request field `key` of `turn` as the reference resolves it from the rows: the
+    /// turn's own value, else for `tools` the first user row's (stored once per conversation).
+    pub fn request_field<'a>(
+        &'a self,
+        turn: &'a ClientTurn,
+        key: &str,
+    ) -> Option<&'a serde_json::Value> {
+        turn.overrides.get(key).or_else(|| {
+            (key == "tools")
+                .then(|| self.client_turns.first()?.overrides.get("tools"))
+                .flatten()
+        })
     }
 
     /// The system prompt, when the conversation has one.

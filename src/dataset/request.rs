@@ -312,7 +312,7 @@ impl RequestBuilder {
             let value: Cow<'_, Value> = match *field {
                 "max_completion_tokens" => self.max_tokens(ov),
                 "stream" => Cow::Owned(Value::Bool(streaming)),
-                f => match ov.get(f).or_else(|| self.default_for(f)) {
+                f => match conv.request_field(turn, f).or_else(|| self.default_for(f)) {
                     Some(v) => Cow::Borrowed(v),
                     None => continue,
                 },

@@ -57,6 +57,8 @@ pub struct ReplayConfig {
     pub model: Option<String>,
     /// Overrides the preset's `model` name on the wire.
     pub model_name: Option<String>,
+    /// Explicit model parameters (`[model_params]`); they replace the preset's.
+    pub model_params: Option<crate::dataset::ModelParams>,
     /// Number of slots: active trajectories, each with at most one request in flight.
     pub concurrency: usize,
     /// Trajectory budget; `None` = one pass over the dataset.
@@ -87,7 +89,8 @@ pub struct ReplayConfig {
     pub log_prompts: LogPrompts,
     /// Write `sample.recv_non_first` for every streamed event after the first.
     pub log_chunks: bool,
-    /// Sleep to ~1 ms before each deadline, then yield until it (sub-millisecond pacing).
+    /// Sleep to 1 ms before each deadline, then yield until it. Off by default: it lowers the
+    /// median lag when the client has CPU to spare and raises the tail when it has not.
     pub precise_pacing: bool,
     /// Inline accuracy gate; the preset's threshold when absent.
     pub accuracy_threshold: Option<f64>,
@@ -104,6 +107,7 @@ impl Default for ReplayConfig {
             dataset: None,
             model: None,
             model_name: None,
+            model_params: None,
             concurrency: 8,
             num_trajectories: None,
             warmup_trajectories: 0,
@@ -119,7 +123,7 @@ impl Default for ReplayConfig {
             max_duration_s: 0.0,
             log_prompts: LogPrompts::Compact,
             log_chunks: false,
-            precise_pacing: true,
+            precise_pacing: false,
             accuracy_threshold: None,
             osl_band: None,
             progress: false,
@@ -244,6 +248,12 @@ impl ReplayConfig {
                 );
             }
         }
+        if let Some(p) = &self.model_params {
+            p.validate().map_err(|message| ConfigError::Invalid {
+                field: "model_params",
+                message,
+            })?;
+        }
         if let Some(t) = self.accuracy_threshold {
             if !(0.0..=1.0).contains(&t) {
                 return bad(
@@ -272,6 +282,24 @@ impl ReplayConfig {
             }
         }
         Ok(())
+    }
+
+    /// The model parameters in force: `[model_params]`, else the preset, else defaults; the
+    /// `model_name` override applies last.
+    pub fn resolved_model_params(&self) -> crate::dataset::ModelParams {
+        let mut params = self
+            .model_params
+            .clone()
+            .or_else(|| {
+                self.model
+                    .as_deref()
+                    .and_then(crate::dataset::ModelParams::preset)
+            })
+            .unwrap_or_default();
+        if let Some(name) = &self.model_name {
+            params.name = name.clone();
+        }
+        params
     }
 
     /// The API key, read from the named environment variable (never stored in the config).

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
-use sha2::Digest;
 
 use super::config::LogPrompts;
 use super::decode::ModelOutput;
@@ -17,17 +16,35 @@ use super::decode::ModelOutput;
 pub enum Prompt {
     /// A skipped (aborted) turn: every field null.
     Skipped,
-    /// The request body; the writer reduces it to a compact reference or the full history.
+    /// A sent request: a compact reference, or (with `--log-prompts full`) the whole prompt.
     Body {
         /// Source conversation id (without the repeat suffix).
         source: Arc<str>,
         /// Number of messages sent.
         messages: usize,
-        /// The request body as sent.
-        body: Bytes,
-        /// The history in the reference's form (only with `--log-prompts full`).
-        history: Option<Vec<u8>>,
+        /// Body length in bytes.
+        body_len: usize,
+        /// [`fingerprint`] of the body as sent.
+        fingerprint: u64,
+        /// With `--log-prompts full`: the body (for `tools` and `chat_template_kwargs`) and
+        /// the history in the reference's form.
+        full: Option<(Bytes, Vec<u8>)>,
     },
+}
+
+/// A fast 64-bit fingerprint of a request body (not cryptographic): it identifies which bytes
+/// were sent without hashing megabytes per second on the writer thread.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    for &b in chunks.remainder() {
+        h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    h ^ (h >> 29)
 }
 
 /// One line of `events.jsonl`.
@@ -145,7 +162,8 @@ impl EventSink {
         Self { tx: None }
     }
 
-    /// Queues a record; waits only when the writer is 64 K records behind.
+    /// Queues a record; waits only when the writer is 16 K records behind (records hold no
+    /// request bodies unless prompts are logged in full, so the queue stays small).
     pub async fn send(&self, record: Record) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(record).await;
@@ -166,7 +184,7 @@ impl EventWriter {
             path: path.display().to_string(),
             source,
         })?;
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Record>(65_536);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Record>(16_384);
         let display = path.display().to_string();
         let handle = std::thread::Builder::new()
             .name("agentrace-events".into())
@@ -270,10 +288,11 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
                 Prompt::Body {
                     source,
                     messages,
-                    body,
-                    history,
-                } => match (prompts, history) {
-                    (LogPrompts::Full, Some(history)) => {
+                    body_len,
+                    fingerprint,
+                    full,
+                } => match (prompts, full) {
+                    (LogPrompts::Full, Some((body, history))) if !history.is_empty() => {
                         #[derive(serde::Deserialize)]
                         struct Extra {
                             tools: Option<Box<serde_json::value::RawValue>>,
@@ -297,11 +316,8 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
                         out.extend_from_slice(b",null,null]");
                     }
                     _ => {
-                        let digest = sha2::Sha256::digest(body);
                         let text = format!(
-                            "agentrace-compact source={source} turn={turn} messages={messages} body_bytes={} body_sha256={}",
-                            body.len(),
-                            hex::encode(&digest[..8])
+                            "agentrace-compact source={source} turn={turn} messages={messages} body_bytes={body_len} body_fp64={fingerprint:016x}"
                         );
                         out.extend_from_slice(b"[\"PromptData\",");
                         let _ = serde_json::to_writer(&mut *out, &text);

@@ -296,6 +296,9 @@ pub struct Metrics {
     pub input_sequence_lengths: Option<Series>,
     /// Send − deadline (ns), every sent turn.
     pub schedule_lag: Option<Series>,
+    /// Send − deadline (ns) of the turns that waited out a recorded delay: the pacer's own
+    /// precision, without the burst of first turns that all fall due at the start.
+    pub schedule_lag_delayed: Option<Series>,
     /// Prefix-cache hit ratio reported by the server (cached / prompt tokens).
     pub cached_token_ratio: Option<f64>,
     /// Finish reasons of tracked successful turns.
@@ -318,8 +321,8 @@ pub struct Window<'a> {
     pub turns: &'a [TurnRecord],
     /// Every trajectory.
     pub trajectories: &'a [TrajectoryRecord],
-    /// Send − deadline per sent turn.
-    pub lags_ns: &'a [i64],
+    /// Send − deadline per sent turn, and whether it waited out a delay.
+    pub lags_ns: &'a [(i64, bool)],
     /// START_PERFORMANCE_TRACKING (ns).
     pub start_ns: u64,
     /// STOP (ns), if it happened.
@@ -429,7 +432,14 @@ pub fn compute(w: &Window<'_>) -> Metrics {
         ns(&|t| Some(t.complete_ns.saturating_sub(t.intended_ns.min(t.issued_ns)) as f64));
     m.output_sequence_lengths = ns(&|t| Some(t.output_tokens as f64));
     m.input_sequence_lengths = ns(&|t| Some(t.prompt_tokens as f64));
-    m.schedule_lag = Series::of(w.lags_ns.iter().map(|v| *v as f64).collect());
+    m.schedule_lag = Series::of(w.lags_ns.iter().map(|v| v.0 as f64).collect());
+    m.schedule_lag_delayed = Series::of(
+        w.lags_ns
+            .iter()
+            .filter(|v| v.1)
+            .map(|v| v.0 as f64)
+            .collect(),
+    );
     let (cached, prompt) = good.iter().fold((0u64, 0u64), |(c, p), t| {
         (c + t.cached_tokens.unwrap_or(0), p + t.prompt_tokens)
     });

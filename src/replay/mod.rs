@@ -23,7 +23,7 @@ use tokio::time::Instant;
 pub use config::{ConfigError, LogPrompts, ReplayConfig};
 pub use metrics::Metrics;
 
-use crate::dataset::{Dataset, ModelParams, RequestBuilder, Role};
+use crate::dataset::{Dataset, RequestBuilder, Role};
 use crate::shutdown::Shutdown;
 use events::{EventSink, EventWriter, Record};
 use scheduler::{Phase, Progress, SlotResult};
@@ -118,6 +118,8 @@ pub struct ReplaySummary {
     pub schedule_lag_p99_us: f64,
     /// Schedule lag max (µs).
     pub schedule_lag_max_us: f64,
+    /// Schedule lag p99 of turns sent after a recorded delay (µs).
+    pub schedule_lag_delayed_p99_us: f64,
     /// Failed or aborted turns.
     pub failures: u64,
     /// Failures by kind.
@@ -191,19 +193,7 @@ pub async fn run(
             message: e.to_string(),
         })?;
 
-    let mut params = config
-        .model
-        .as_deref()
-        .and_then(ModelParams::preset)
-        .unwrap_or_default();
-    if let Some(name) = &config.model_name {
-        params.name = name.clone();
-    } else if params.name.is_empty() {
-        params.name = config
-            .model
-            .clone()
-            .unwrap_or_else(|| "agentrace-replay".into());
-    }
+    let params = config.resolved_model_params();
     let builder = RequestBuilder::new(params, config.include_usage);
     let n = dataset.conversations.len() as u64;
     let budget = config.num_trajectories.unwrap_or(n);

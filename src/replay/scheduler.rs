@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::client::{Conn, Connector, Response};
 use super::config::{LogPrompts, ReplayConfig};
 use super::decode::{self, DecodeError};
-use super::events::{EventSink, Prompt, Record, Uuid};
+use super::events::{self, EventSink, Prompt, Record, Uuid};
 use crate::dataset::{Conversation, Dataset, RequestBuilder, Salt};
 use crate::shutdown::Shutdown;
 
@@ -179,7 +179,8 @@ pub(crate) struct Phase {
 pub(crate) struct SlotResult {
     pub turns: Vec<TurnRecord>,
     pub trajectories: Vec<TrajectoryRecord>,
-    pub lags_ns: Vec<i64>,
+    /// Send − deadline per sent turn, and whether the turn waited out a recorded delay.
+    pub lags_ns: Vec<(i64, bool)>,
 }
 
 impl Phase {
@@ -311,6 +312,14 @@ async fn run_trajectory(
         turns_sent: 0,
         turns_unissued: 0,
     };
+    // The trajectory starts once its slot holds a live connection, so connecting is never
+    // counted as schedule lag of the first turn.
+    if conn
+        .as_mut()
+        .is_none_or(|c| c.is_stale(Duration::from_secs(4)))
+    {
+        *conn = phase.connector.connect().await.ok();
+    }
     let mut anchor = Instant::now();
     let turns = &conv.client_turns;
     for (i, turn) in turns.iter().enumerate() {
@@ -393,8 +402,10 @@ async fn run_trajectory(
             traj.start_ns = issued_ns;
         }
         traj.turns_sent += 1;
-        out.lags_ns
-            .push(issued_ns as i64 - phase.ns(deadline) as i64);
+        out.lags_ns.push((
+            issued_ns as i64 - phase.ns(deadline) as i64,
+            turn.delay_seconds * scale > 0.0,
+        ));
         phase
             .events
             .send(Record::Issued {
@@ -405,9 +416,14 @@ async fn run_trajectory(
                 prompt: Prompt::Body {
                     source: source.clone(),
                     messages: turn.history_len,
-                    history: (phase.config.log_prompts == LogPrompts::Full)
-                        .then(|| phase.builder.history_json(conv, turn, salt.as_ref())),
-                    body: body.clone(),
+                    body_len: body.len(),
+                    fingerprint: events::fingerprint(&body),
+                    full: (phase.config.log_prompts == LogPrompts::Full).then(|| {
+                        (
+                            body.clone(),
+                            phase.builder.history_json(conv, turn, salt.as_ref()),
+                        )
+                    }),
                 },
             })
             .await;
@@ -662,10 +678,10 @@ async fn wait_until(phase: &Phase, deadline: Instant) -> bool {
 }
 
 /// Tokio timers fire on millisecond ticks, so a plain `sleep_until` lands up to ~1 ms late.
-/// Precise pacing sleeps to 2 ms before the deadline and then yields until it, for at most
+/// Precise pacing sleeps to 1 ms before the deadline and then yields until it, for at most
 /// 3 ms of real time (under a paused test clock the spin would never end).
 pub async fn pace(deadline: Instant, precise: bool) {
-    const MARGIN: Duration = Duration::from_millis(2);
+    const MARGIN: Duration = Duration::from_millis(1);
     if !precise {
         tokio::time::sleep_until(deadline).await;
         return;

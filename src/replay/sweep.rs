@@ -308,7 +308,7 @@ pub fn svg(points: &[Point], gated: bool) -> String {
     if gated {
         let _ = writeln!(
             s,
-            r##"<text x="{}" y="{}" text-anchor="end" fill="#555">green: accuracy gates pass, red: fail</text>"##,
+            r##"<text x="{}" y="{}" text-anchor="end" fill="#555">green: gates (accuracy, OSL band) pass; red: a gate fails</text>"##,
             w - r,
             t + 12.0
         );

@@ -54,6 +54,12 @@ pub struct SimSettings {
     /// Probability of HTTP 500 before the first token.
     #[arg(long)]
     pub fail_rate: Option<f64>,
+    /// HTTP status of those failures.
+    #[arg(long)]
+    pub fail_status: Option<u16>,
+    /// Extra simulated delay before each request reaches the engine, ms.
+    #[arg(long)]
+    pub extra_delay_ms: Option<f64>,
     /// Probability of a stream cut after some tokens.
     #[arg(long)]
     pub fail_mid_stream_rate: Option<f64>,
@@ -66,6 +72,9 @@ pub struct SimSettings {
     /// Waiting-queue bound (503 with Retry-After beyond it); 0 = unbounded.
     #[arg(long)]
     pub max_queue: Option<usize>,
+    /// Also expose the legacy `vllm:gpu_cache_usage_perc` gauge.
+    #[arg(long)]
+    pub legacy_metrics: bool,
     /// One JSON line per request: arrival, queue wait, tokens, first token, finish.
     #[arg(long)]
     pub trace_log: Option<PathBuf>,
@@ -101,6 +110,8 @@ impl SimSettings {
         set!(self.responder => responder.kind);
         set!(self.oracle_accuracy => responder.oracle_accuracy);
         set!(self.fail_rate => faults.fail_rate);
+        set!(self.fail_status => faults.fail_status);
+        set!(self.extra_delay_ms => faults.extra_delay_ms);
         set!(self.fail_mid_stream_rate => faults.fail_mid_stream_rate);
         set!(self.mid_stream => faults.mid_stream);
         set!(self.hang_rate => faults.hang_rate);
@@ -110,6 +121,9 @@ impl SimSettings {
             if self.responder.is_none() {
                 cfg.responder.kind = ResponderKind::Oracle;
             }
+        }
+        if self.legacy_metrics {
+            cfg.legacy_metrics = true;
         }
         if let Some(p) = &self.trace_log {
             cfg.trace_log = Some(p.clone());
@@ -135,6 +149,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
+    let stop = stop_signal()?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let cluster = match super::start(config.clone(), args.listen, args.replicas, shutdown) {
         Ok(c) => c,
@@ -147,9 +162,31 @@ pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     for (name, addr) in cluster.replica_names().iter().zip(cluster.addrs()) {
         tracing::info!(replica = %name, %addr, profile = %config.profile, time_scale = config.time_scale, "simulated replica listening");
     }
-    crate::shutdown::signal().await;
+    stop.await;
     tracing::info!("shutting down");
     trigger.fire();
     cluster.join().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGINT or SIGTERM received from now on: the handlers are installed before the
+/// replicas announce their addresses, so a signal sent right after cannot kill the process
+/// without a clean shutdown.
+#[cfg(unix)]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn stop_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(crate::shutdown::signal())
 }

@@ -29,6 +29,8 @@ pub struct SimConfig {
     /// `created` of responses = this Unix time + simulated seconds since start. Unset: the
     /// wall clock read once at start (set it for byte-identical responses across runs).
     pub created_base_unix: Option<u64>,
+    /// Also expose the pre-v0.10 name `vllm:gpu_cache_usage_perc`, for old dashboards.
+    pub legacy_metrics: bool,
     /// Append one JSON line per finished request to this file (ground truth for replays).
     pub trace_log: Option<PathBuf>,
     /// The simulated GPU and model.
@@ -119,6 +121,8 @@ pub enum MidStreamFault {
 pub struct FaultConfig {
     /// Probability of an HTTP 500 before the first token.
     pub fail_rate: f64,
+    /// HTTP status of those failures (500 by default; 429 or 503 exercise retry paths).
+    pub fail_status: u16,
     /// Probability that a stream is cut after some tokens.
     pub fail_mid_stream_rate: f64,
     /// How a mid-stream failure looks.
@@ -188,6 +192,7 @@ impl Default for FaultConfig {
     fn default() -> Self {
         Self {
             fail_rate: 0.0,
+            fail_status: 500,
             fail_mid_stream_rate: 0.0,
             mid_stream: MidStreamFault::ErrorEvent,
             hang_rate: 0.0,
@@ -236,6 +241,7 @@ impl SimConfig {
             time_scale: 1.0,
             seed: 0,
             created_base_unix: None,
+            legacy_metrics: false,
             trace_log: None,
             engine,
             responder: ResponderConfig::default(),
@@ -311,6 +317,13 @@ impl SimConfig {
             pos(self.time_scale),
             "time_scale",
             "must be > 0",
+            self.time_scale,
+        )?;
+        // Below this, simulated nanoseconds since start would overflow 64 bits within hours.
+        check(
+            self.time_scale >= 1e-6,
+            "time_scale",
+            "must be >= 0.000001",
             self.time_scale,
         )?;
         check(!self.model.is_empty(), "model", "must not be empty", "\"\"")?;
@@ -435,12 +448,6 @@ impl SimConfig {
             "must be >= responder.output_tokens_min",
             r.output_tokens_max,
         )?;
-        check(
-            r.kind != ResponderKind::Oracle || r.oracle_dataset.is_some(),
-            "responder.oracle_dataset",
-            "is required when responder.kind is oracle",
-            "none",
-        )?;
         let f = &self.faults;
         check(
             prob(f.fail_rate),
@@ -459,6 +466,12 @@ impl SimConfig {
             "faults.hang_rate",
             "must be in [0, 1]",
             f.hang_rate,
+        )?;
+        check(
+            (400..=599).contains(&f.fail_status),
+            "faults.fail_status",
+            "must be an HTTP error status (400..=599)",
+            f.fail_status,
         )?;
         check(
             f.fail_rate + f.fail_mid_stream_rate + f.hang_rate <= 1.0,

@@ -41,6 +41,13 @@ impl SimClock {
         self.sim_ns(Instant::now())
     }
 
+    /// How far (simulated ns) the engine may run behind the real clock before it catches up:
+    /// two timer ticks of real time, so millisecond timer rounding never moves the
+    /// simulated clock and paused-time runs stay exact.
+    pub fn lag_tolerance_ns(&self) -> u64 {
+        (2e6 / self.scale) as u64
+    }
+
     /// The real instant of simulated time `ns`.
     pub fn real_at(&self, ns: u64) -> Instant {
         self.epoch + Duration::from_nanos((ns as f64 * self.scale) as u64)
@@ -212,6 +219,12 @@ impl Engine {
                     Some(ready) => self.now_ns = self.now_ns.max(ready),
                     None => continue,
                 }
+            }
+            // A machine too slow for the time scale makes simulated time pass: reported
+            // durations then include the lag, as clients see it, instead of hiding it.
+            let real_now = self.clock.now_ns();
+            if real_now > self.now_ns.saturating_add(self.clock.lag_tolerance_ns()) {
+                self.now_ns = real_now;
             }
             let (batch, context, chunks) = self.schedule();
             self.publish_gauges();

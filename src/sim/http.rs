@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::api::{ChatRequest, CompletionRequest, Message};
-use super::config::{MidStreamFault, ResponderKind, SimConfig};
+use super::config::{MidStreamFault, SimConfig};
 use super::engine::{Command, Event, SimClock, Submission, Timings, TraceContext};
 use super::generate::{self, ChatShape, Delta, Reply, Rng};
 use super::metrics::Metrics;
@@ -287,9 +287,6 @@ impl Replica {
     }
 
     fn oracle_reply(&self, messages: &[Message], rng: &mut Rng) -> Option<Reply> {
-        if self.config.responder.kind != ResponderKind::Oracle {
-            return None;
-        }
         let expected = self.oracle.as_ref()?.lookup(messages)?;
         let (r, c, t) = (
             expected.reasoning_content.as_deref(),
@@ -325,7 +322,7 @@ impl Replica {
                 )
             })?
             .to_bytes();
-        let plan = self.plan(api, &body)?;
+        let mut plan = self.plan(api, &body)?;
         let cfg = &self.config;
         let needed_blocks =
             (plan.prompt.tokens + plan.reply.tokens).div_ceil(cfg.engine.block_size);
@@ -346,10 +343,9 @@ impl Replica {
         let f = &cfg.faults;
         let draw = fault_rng.next_f64();
         if draw < f.fail_rate {
-            return Err(HttpError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "simulated failure",
-            ));
+            let status =
+                StatusCode::from_u16(f.fail_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            return Err(HttpError::new(status, "simulated failure"));
         }
         if draw < f.fail_rate + f.hang_rate {
             self.shutdown.clone().wait().await;
@@ -363,7 +359,7 @@ impl Replica {
 
         let arrival_ns = self.clock.sim_ns(accepted);
         let overhead_ms = cfg.engine.request_overhead_ms + f.extra_delay_ms;
-        let ready_ns = arrival_ns + (overhead_ms * 1e6).round() as u64;
+        let ready_ns = arrival_ns.saturating_add((overhead_ms * 1e6).round() as u64);
         tokio::time::sleep_until(self.clock.real_at(ready_ns).max(accepted)).await;
 
         if f.max_queue > 0 && self.metrics.queued.load(Relaxed) >= f.max_queue as u64 {
@@ -380,7 +376,7 @@ impl Replica {
             seq,
             arrival_ns,
             ready_ns,
-            prompt: plan.prompt.clone(),
+            prompt: std::mem::take(&mut plan.prompt),
             output_tokens: plan.reply.tokens,
             events: tx,
             trace: TraceContext {

@@ -68,6 +68,7 @@ impl Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     model: String,
+    legacy: bool,
     block_size: usize,
     num_gpu_blocks: usize,
     /// Requests running (prefilling or decoding).
@@ -109,9 +110,10 @@ pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "tool_calls", "abort"];
 
 impl Metrics {
     /// Zeroed metrics for one replica.
-    pub fn new(model: &str, block_size: usize, num_gpu_blocks: usize) -> Metrics {
+    pub fn new(model: &str, block_size: usize, num_gpu_blocks: usize, legacy: bool) -> Metrics {
         Metrics {
             model: model.to_string(),
+            legacy,
             block_size,
             num_gpu_blocks,
             running: AtomicU64::new(0),
@@ -173,6 +175,14 @@ impl Metrics {
             "KV-cache usage; 1 means 100 percent.",
             self.kv_usage().to_string(),
         );
+        if self.legacy {
+            gauge(
+                &mut out,
+                "vllm:gpu_cache_usage_perc",
+                "KV-cache usage (legacy name).",
+                self.kv_usage().to_string(),
+            );
+        }
         counter(
             &mut out,
             "vllm:prefix_cache_queries_total",

@@ -190,7 +190,8 @@ pub fn start(
     start_with_oracle(config, listen, replicas, shutdown, None)
 }
 
-/// [`start`] with an already indexed oracle (it wins over `responder.oracle_dataset`).
+/// [`start`] with an already indexed oracle: when one is given it answers every request it
+/// recognises, whatever `responder.kind` says (and `responder.oracle_dataset` is not read).
 pub fn start_with_oracle(
     config: SimConfig,
     listen: SocketAddr,
@@ -263,6 +264,7 @@ pub fn start_with_oracle(
             &config.model,
             config.engine.block_size,
             config.engine.num_gpu_blocks,
+            config.legacy_metrics,
         ));
         let (engine_tx, engine_rx) = mpsc::unbounded_channel();
         let engine = Engine::new(

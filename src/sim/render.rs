@@ -16,7 +16,7 @@ const FNV64_PRIME: u64 = 0x0000_0100_0000_01b3;
 pub const BYTES_PER_TOKEN: usize = 4;
 
 /// A prompt as the KV cache sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Prompt {
     /// Pseudo-token count.
     pub tokens: usize,

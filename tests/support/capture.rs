@@ -30,6 +30,10 @@ pub struct FakeExchange {
     pub status: u16,
     pub response_headers: Vec<(&'static str, String)>,
     pub frames: Vec<Bytes>,
+    /// Wall-clock start (ns since the Unix epoch); now when `None`.
+    pub start_unix_ns: Option<u128>,
+    /// Time from start to end of the exchange.
+    pub duration: Duration,
 }
 
 impl FakeExchange {
@@ -44,6 +48,8 @@ impl FakeExchange {
             status: 200,
             response_headers: vec![("content-type", "text/event-stream".into())],
             frames: sse_reply(reply),
+            start_unix_ns: None,
+            duration: Duration::from_millis(5),
         }
     }
 }
@@ -86,10 +92,12 @@ pub fn drive(sink: &dyn ExchangeSink, ex: &FakeExchange) {
             KeySource::None
         },
         backend: "b0".into(),
-        started_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
+        started_unix_ns: ex.start_unix_ns.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        }),
         started_at: started,
         request_received_at: started + Duration::from_micros(50),
         method: http::Method::POST,
@@ -105,14 +113,13 @@ pub fn drive(sink: &dyn ExchangeSink, ex: &FakeExchange) {
         );
     }
     let status = http::StatusCode::from_u16(ex.status).unwrap();
-    obs.response_head(status, &resp, started + Duration::from_micros(900));
+    obs.response_head(status, &resp, started + ex.duration / 10);
+    let n = ex.frames.len() as u32 + 1;
     for (i, f) in ex.frames.iter().enumerate() {
-        obs.response_frame(f, started + Duration::from_millis(1 + i as u64));
+        let at = ex.duration / 10 + (ex.duration * 8 / 10) * (i as u32 + 1) / n;
+        obs.response_frame(f, started + at);
     }
-    obs.end(
-        ExchangeEnd::Complete,
-        started + Duration::from_millis(2 + ex.frames.len() as u64),
-    );
+    obs.end(ExchangeEnd::Complete, started + ex.duration);
 }
 
 /// Request bodies of an agent session: each turn resends the whole history plus a new
@@ -169,4 +176,321 @@ pub fn all_bytes(dir: &Path) -> Vec<u8> {
 /// True when `needle` occurs in `haystack`.
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The public MLPerf sample, when present.
+pub fn sample_path() -> Option<std::path::PathBuf> {
+    let p = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
+    ));
+    if p.exists() {
+        Some(p)
+    } else {
+        println!("skipped: the public sample is not at {}", p.display());
+        None
+    }
+}
+
+/// One client turn of a dataset conversation, as a capture should see it.
+#[derive(Debug, Clone)]
+pub struct SampleTurn {
+    /// The request body the reference client sends.
+    pub body: Vec<u8>,
+    /// The recorded assistant row that answers it, if any.
+    pub reply: Option<serde_json::Value>,
+    /// The turn's `delay_seconds`.
+    pub delay_seconds: f64,
+}
+
+/// A dataset conversation: its rows and its client turns.
+#[derive(Debug, Clone)]
+pub struct SampleConversation {
+    pub id: String,
+    pub rows: Vec<serde_json::Value>,
+    pub turns: Vec<SampleTurn>,
+}
+
+/// Reads a flat MLPerf JSONL file and pre-builds each client turn's request as the reference
+/// does (system first, tool rows expanded, null fields left out, compact JSON).
+pub fn dataset_conversations(path: &Path) -> Vec<SampleConversation> {
+    use serde_json::{json, Map, Value};
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut convs: Vec<SampleConversation> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let row: Value = serde_json::from_str(line).unwrap();
+        let id = row["conversation_id"].as_str().unwrap().to_owned();
+        match convs.last_mut() {
+            Some(c) if c.id == id => c.rows.push(row),
+            _ => convs.push(SampleConversation {
+                id,
+                rows: vec![row],
+                turns: Vec::new(),
+            }),
+        }
+    }
+    for c in &mut convs {
+        c.rows.sort_by_key(|r| r["turn"].as_u64().unwrap());
+        let mut history: Vec<Value> = Vec::new();
+        if let Some(system) = c
+            .rows
+            .iter()
+            .find_map(|r| r["system"].as_str().filter(|s| !s.is_empty()))
+        {
+            history.push(json!({"role": "system", "content": system}));
+        }
+        let tools = c.rows[0].get("tools").cloned();
+        for (i, row) in c.rows.iter().enumerate() {
+            let role = row["role"].as_str().unwrap();
+            match role {
+                "assistant" => {
+                    let mut m = Map::new();
+                    m.insert("role".into(), json!("assistant"));
+                    for k in ["content", "tool_calls", "reasoning_content"] {
+                        if let Some(v) = row.get(k).filter(|v| !v.is_null()) {
+                            m.insert(k.into(), v.clone());
+                        }
+                    }
+                    history.push(Value::Object(m));
+                }
+                "tool" => {
+                    for r in row["tool_results"].as_array().unwrap() {
+                        history.push(json!({"role": "tool", "content": r["content"], "tool_call_id": r["tool_call_id"]}));
+                    }
+                }
+                _ => history.push(json!({"role": "user", "content": row["content"]})),
+            }
+            if role != "assistant" {
+                let mut body = Map::new();
+                body.insert("model".into(), json!("sample-model"));
+                body.insert("messages".into(), json!(history));
+                body.insert("max_completion_tokens".into(), json!(1024));
+                body.insert("stream".into(), json!(true));
+                if let Some(t) = &tools {
+                    body.insert("tools".into(), t.clone());
+                }
+                let reply = c
+                    .rows
+                    .get(i + 1)
+                    .filter(|r| r["role"] == "assistant")
+                    .cloned();
+                c.turns.push(SampleTurn {
+                    body: serde_json::to_vec(&body).unwrap(),
+                    reply,
+                    delay_seconds: row
+                        .get("delay_seconds")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.0),
+                });
+            }
+        }
+    }
+    convs
+}
+
+/// The SSE stream a server would send for a recorded assistant row: reasoning, content and
+/// tool calls as separate deltas, split in a few events each.
+pub fn sse_for_row(row: &serde_json::Value) -> Vec<Bytes> {
+    use serde_json::json;
+    let mut events = Vec::new();
+    let chunk = |delta: serde_json::Value| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]});
+    for (key, field) in [
+        ("reasoning_content", "reasoning_content"),
+        ("content", "content"),
+    ] {
+        if let Some(text) = row.get(key).and_then(|v| v.as_str()) {
+            let chars: Vec<char> = text.chars().collect();
+            for part in chars.chunks(40) {
+                events.push(chunk(json!({ field: part.iter().collect::<String>() })));
+            }
+        }
+    }
+    for (i, call) in row
+        .get("tool_calls")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let args = call["function"]["arguments"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let (a, b) = args.split_at(
+            args.char_indices()
+                .nth(args.chars().count() / 2)
+                .map_or(0, |x| x.0),
+        );
+        events.push(chunk(json!({"tool_calls": [{"index": i, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": a}}]})));
+        events.push(chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": b}}]}),
+        ));
+    }
+    events.push(json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    let mut frames: Vec<Bytes> = events
+        .iter()
+        .map(|e| Bytes::from(format!("data: {e}\n\n")))
+        .collect();
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    frames
+}
+
+/// Drives every conversation through `sink` as interleaved sessions, each turn starting its
+/// recorded delay after the previous turn's end (wall-clock times made up, monotonic ones
+/// real); returns the raw request + response bytes.
+pub fn drive_conversations(sink: &dyn ExchangeSink, convs: &[SampleConversation]) -> u64 {
+    let t0: u128 = 1_780_000_000_000_000_000;
+    let mut clock: Vec<u128> = (0..convs.len())
+        .map(|i| t0 + i as u128 * 1_000_000)
+        .collect();
+    let mut raw = 0u64;
+    let max_turns = convs.iter().map(|c| c.turns.len()).max().unwrap_or(0);
+    for t in 0..max_turns {
+        for (i, c) in convs.iter().enumerate() {
+            let Some(turn) = c.turns.get(t) else { continue };
+            let frames = turn.reply.as_ref().map(sse_for_row).unwrap_or_default();
+            let start = clock[i] + (turn.delay_seconds * 1e9).round() as u128;
+            let ex = FakeExchange {
+                session: Some(c.id.clone()),
+                headers: vec![
+                    ("content-type", "application/json".into()),
+                    ("x-session-id", c.id.clone()),
+                ],
+                path: "/v1/chat/completions".into(),
+                body: Bytes::from(turn.body.clone()),
+                status: 200,
+                response_headers: vec![("content-type", "text/event-stream".into())],
+                frames,
+                start_unix_ns: Some(start),
+                duration: Duration::from_millis(20),
+            };
+            raw += ex.body.len() as u64 + ex.frames.iter().map(|f| f.len() as u64).sum::<u64>();
+            drive(sink, &ex);
+            clock[i] = start + 20_000_000;
+        }
+    }
+    raw
+}
+
+/// A simulated backend on `127.0.0.1:0`, fast enough for tests.
+pub fn start_sim(shutdown: agentrace::shutdown::Shutdown) -> agentrace::sim::SimCluster {
+    let mut config = agentrace::sim::config::SimConfig {
+        time_scale: 0.001,
+        ..Default::default()
+    };
+    config.responder.output_tokens_max = 48;
+    agentrace::sim::start(config, "127.0.0.1:0".parse().unwrap(), 1, shutdown).unwrap()
+}
+
+/// A proxy on `127.0.0.1:0` in front of `backends`, recording with `capture`.
+pub async fn start_proxy(
+    backends: &[std::net::SocketAddr],
+    capture: Option<CaptureConfig>,
+    shutdown: agentrace::shutdown::Shutdown,
+) -> agentrace::proxy::ProxyHandle {
+    let mut config = agentrace::proxy::ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..Default::default()
+    };
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.shutdown_grace_secs = 5;
+    config.backends = backends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| agentrace::proxy::config::BackendConfig {
+            name: format!("b{i}"),
+            url: format!("http://{a}"),
+            weight: 1.0,
+        })
+        .collect();
+    if let Some(c) = capture {
+        config.capture = c;
+    }
+    agentrace::proxy::start(config, shutdown).await.unwrap()
+}
+
+/// A plain HTTP/1.1 client.
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<Bytes>,
+>;
+
+/// A new client.
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// Sends a POST and returns the status and every body frame as it arrived.
+pub async fn post(
+    client: &Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (u16, Vec<Bytes>) {
+    use http_body_util::BodyExt;
+    let mut req = http::Request::post(url).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = client
+        .request(
+            req.body(http_body_util::Full::new(Bytes::from(body)))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut frames = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            frames.push(data);
+        }
+    }
+    (status, frames)
+}
+
+/// Runs an agent-like session of `turns` through `url`: every turn resends the history plus
+/// the reply it got (as the reference sends assistant messages) and a tool result or a user
+/// message. Returns the request bodies sent and the response bytes received.
+pub async fn agent_session(
+    client: &Client,
+    url: &str,
+    session: &str,
+    turns: usize,
+    extra_headers: &[(&str, &str)],
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    use serde_json::{json, Value};
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the bash tool."}),
+        json!({"role": "user", "content": format!("Session {session}: make the tests pass.")}),
+    ];
+    let mut bodies = Vec::new();
+    let mut replies = Vec::new();
+    for turn in 0..turns {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": messages,
+            "max_completion_tokens": 48, "stream": true}))
+        .unwrap();
+        let mut headers = vec![("x-session-id", session)];
+        headers.extend_from_slice(extra_headers);
+        let (status, frames) = post(client, url, &headers, body.clone()).await;
+        assert_eq!(status, 200, "turn {turn}");
+        let bytes = frames.concat();
+        let reply = agentrace::capture::export::assistant_from_sse(&bytes).unwrap();
+        bodies.push(body);
+        replies.push(bytes);
+        let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
+        messages.push(reply);
+        match calls {
+            Some(calls) => {
+                for c in calls {
+                    messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
+                }
+            }
+            None => messages.push(
+                json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}),
+            ),
+        }
+    }
+    (bodies, replies)
 }

@@ -323,7 +323,7 @@ pub fn conversation(id: &str, turns: usize, delays: &[f64], cmd: &str) -> Conver
             turn: row,
             history_len: messages.len(),
             delay_seconds: delays.get(i).copied().unwrap_or(0.0),
-            overrides: serde_json::Map::new(),
+            overrides: serde_json::Map::from_iter([("tools".to_string(), serde_json::json!([{"type":"function","function":{"name":"bash","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}}]))]),
             expected: Some(ExpectedReply {
                 turn: row + 1,
                 content: None,

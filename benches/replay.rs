@@ -1,0 +1,306 @@
+//! Replayer benchmark: how fast and how precisely one process drives an endpoint.
+//!
+//! `cargo bench --bench replay` (optionally `-- --dataset PATH`) spawns an instant
+//! chat-completions server in a child process (so the figures below are the replayer's alone)
+//! and measures:
+//! 1. a full replay of a dataset (the given file, else an in-memory stand-in of the 990-set's
+//!    shape): CPU per turn and peak RSS;
+//! 2. turns/s against the instant server, and client CPU time per turn;
+//! 3. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, with and
+//!    without precise pacing.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agentrace::dataset::{ClientTurn, Conversation, Dataset, HistoryMessage, Role};
+use agentrace::replay::{self, ReplayConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--serve") {
+        serve();
+        return;
+    }
+    let dataset_path = args
+        .iter()
+        .position(|a| a == "--dataset")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from);
+
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--serve")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the instant server");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let target = format!("http://{}", line.trim());
+    println!("instant server at {target} (child pid {})", child.id());
+    println!("load average before: {}", loadavg());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // 1. A full set (first, so the peak RSS is this run's): the given file, else a stand-in with the 990-set's shape.
+        let ds = match &dataset_path {
+            Some(p) => Arc::new(
+                agentrace::dataset::load(p, &agentrace::dataset::LoadOptions::default())
+                    .expect("load dataset"),
+            ),
+            None => synthetic_990(),
+        };
+        let turns: usize = ds.conversations.iter().map(|c| c.client_turns.len()).sum();
+        println!(
+            "[full] dataset {} ({} trajectories, {turns} turns); RSS after load {} MiB",
+            ds.path.display(),
+            ds.conversations.len(),
+            rss_kib("VmRSS") / 1024
+        );
+        let (s, cpu) = measure(&target, 64, ds, |_| {}).await;
+        println!(
+            "[full] concurrency 64, no delays: {} turns in {:.2} s; client CPU {:.1} us/turn; peak RSS {} MiB",
+            s.turns_ok,
+            s.wall_s,
+            cpu * 1e6 / s.turns_ok.max(1) as f64,
+            rss_kib("VmHWM") / 1024
+        );
+        // 2. Throughput: 400 trajectories x 25 turns, no delays, small prompts.
+        for conc in [64usize, 256] {
+            let ds = synthetic(400, 25, 2_000, 0.0);
+            let (s, cpu) = measure(&target, conc, ds, |_| {}).await;
+            println!(
+                "[turns/s] concurrency {conc}: {} turns in {:.2} s = {:.0} turns/s; client CPU {:.1} us/turn",
+                s.turns_ok,
+                s.wall_s,
+                s.turns_ok as f64 / s.wall_s,
+                cpu * 1e6 / s.turns_ok as f64
+            );
+        }
+        // 3. Schedule lag: 1,000 concurrent trajectories, delays drawn like the sample's.
+        for precise in [false, true] {
+            let ds = synthetic(1_000, 20, 2_000, 1.0);
+            let (s, cpu) = measure(&target, 1_000, ds, |c| c.precise_pacing = precise).await;
+            println!(
+                "[lag] 1000 concurrent, delays on, precise_pacing {precise}: lag p50 {:.0} us p99 {:.0} us max {:.0} us (turns after a delay: p99 {:.0} us); {} turns, {:.0} turns/s, CPU {:.1} us/turn",
+                s.schedule_lag_p50_us,
+                s.schedule_lag_p99_us,
+                s.schedule_lag_max_us,
+                s.schedule_lag_delayed_p99_us,
+                s.turns_ok,
+                s.turns_ok as f64 / s.wall_s,
+                cpu * 1e6 / s.turns_ok as f64
+            );
+        }
+    });
+    println!("load average after: {}", loadavg());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+async fn measure(
+    target: &str,
+    concurrency: usize,
+    ds: Arc<Dataset>,
+    tweak: impl FnOnce(&mut ReplayConfig),
+) -> (replay::ReplaySummary, f64) {
+    let mut cfg = ReplayConfig {
+        target: target.to_string(),
+        concurrency,
+        progress: false,
+        enable_salt: true,
+        inject_tool_delay: true,
+        ..Default::default()
+    };
+    tweak(&mut cfg);
+    let out = tempfile::tempdir().unwrap();
+    let (trigger, shutdown) = agentrace::shutdown::channel();
+    let cpu0 = cpu_seconds();
+    let s = replay::run(cfg, ds, out.path(), shutdown)
+        .await
+        .expect("replay");
+    let cpu = cpu_seconds() - cpu0;
+    drop(trigger);
+    (s, cpu)
+}
+
+/// utime + stime of this process in seconds (`/proc/self/stat`, clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn rss_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(v.to_string()).unwrap()
+}
+
+/// `n` conversations of `turns` client turns, each message `msg_bytes` long; delays (when
+/// `delay_scale` > 0) cycle through approximate deciles of the public sample's delays
+/// (min 38 ms, median 63 ms, p90 479 ms; the top decile capped at 2 s).
+fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<Dataset> {
+    const DELAYS: [f64; 10] = [
+        0.040, 0.045, 0.05, 0.056, 0.063, 0.075, 0.1, 0.2, 0.479, 2.0,
+    ];
+    let filler = "x".repeat(msg_bytes);
+    let convs = (0..n)
+        .map(|c| {
+            let mut messages = vec![HistoryMessage {
+                role: Role::System,
+                wire: raw(
+                    serde_json::json!({"role":"system","content":"You are a helpful assistant."}),
+                ),
+            }];
+            let mut client_turns = Vec::with_capacity(turns);
+            for t in 0..turns {
+                let role = if t == 0 { "user" } else { "tool" };
+                messages.push(HistoryMessage {
+                    role: if t == 0 { Role::User } else { Role::Tool },
+                    wire: raw(serde_json::json!({"role":role,"content":filler,"tool_call_id":"c"})),
+                });
+                client_turns.push(ClientTurn {
+                    turn: (2 * t + 1) as u32,
+                    history_len: messages.len(),
+                    delay_seconds: if t == 0 {
+                        0.0
+                    } else {
+                        DELAYS[(c * 7 + t) % 10] * delay_scale
+                    },
+                    overrides: serde_json::Map::new(),
+                    expected: None,
+                });
+                messages.push(HistoryMessage {
+                    role: Role::Assistant,
+                    wire: raw(serde_json::json!({"role":"assistant","content":"ok"})),
+                });
+            }
+            Arc::new(Conversation {
+                id: format!("bench_{c:06}"),
+                messages,
+                client_turns,
+            })
+        })
+        .collect();
+    Arc::new(Dataset {
+        path: "in-memory".into(),
+        sha256: String::new(),
+        conversations: convs,
+    })
+}
+
+/// The 990-set's shape: 490 coding trajectories (~50 turns, ~2 KB per tool output) and 500
+/// workflow trajectories (~10 turns, ~600 B messages).
+fn synthetic_990() -> Arc<Dataset> {
+    let coding = synthetic(490, 50, 2_000, 0.0);
+    let workflow = synthetic(500, 10, 600, 0.0);
+    let mut convs = coding.conversations.clone();
+    for (i, c) in workflow.conversations.iter().enumerate() {
+        let mut c = (**c).clone();
+        c.id = format!("sim_{i:06}");
+        convs.push(Arc::new(c));
+    }
+    Arc::new(Dataset {
+        path: "in-memory 990-set stand-in".into(),
+        sha256: String::new(),
+        conversations: convs,
+    })
+}
+
+/// The instant server: answers every chat request at once with a 16-token SSE stream.
+fn serve() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        std::io::stdout().flush().unwrap();
+        let response = instant_response();
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let response = response.clone();
+            tokio::spawn(async move {
+                let _ = tcp.set_nodelay(true);
+                let mut buf = Vec::with_capacity(64 * 1024);
+                loop {
+                    // Read one request: head, then Content-Length bytes.
+                    let (head_len, body_len) = loop {
+                        let mut headers = [httparse::EMPTY_HEADER; 32];
+                        let mut req = httparse::Request::new(&mut headers);
+                        if let Ok(httparse::Status::Complete(n)) = req.parse(&buf) {
+                            let len = req
+                                .headers
+                                .iter()
+                                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                                .and_then(|h| std::str::from_utf8(h.value).ok()?.parse().ok())
+                                .unwrap_or(0usize);
+                            break (n, len);
+                        }
+                        if tcp.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    };
+                    while buf.len() < head_len + body_len {
+                        if tcp.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                    buf.drain(..head_len + body_len);
+                    if tcp.write_all(&response).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn instant_response() -> Arc<Vec<u8>> {
+    let mut events = String::new();
+    let chunk = |delta: &str, finish: &str| {
+        format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n")
+    };
+    events.push_str(&chunk("{\"role\":\"assistant\",\"content\":\"\"}", "null"));
+    for i in 0..16 {
+        events.push_str(&chunk(&format!("{{\"content\":\"tok{i} \"}}"), "null"));
+    }
+    events.push_str(&chunk("{}", "\"stop\""));
+    events.push_str("data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":16,\"total_tokens\":116}}\n\n");
+    events.push_str("data: [DONE]\n\n");
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+        events.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(events.as_bytes());
+    out.extend_from_slice(b"\r\n0\r\n\r\n");
+    Arc::new(out)
+}

@@ -1,0 +1,231 @@
+//! Captures turned into MLPerf agentic datasets, and the `agentrace capture …` commands: the
+//! public sample survives capture → export row for row, exports honour their filters and
+//! redaction, and the commands print what the files hold.
+
+mod support;
+
+use std::process::Command;
+
+use agentrace::capture::export::{self, ExportOptions};
+use agentrace::capture::Recorder;
+use serde_json::Value;
+use support::capture::*;
+
+fn read_rows(path: &std::path::Path) -> Vec<Value> {
+    let bytes = std::fs::read(path).unwrap();
+    let text = if path.extension().is_some_and(|e| e == "zst") {
+        String::from_utf8(zstd::decode_all(&bytes[..]).unwrap()).unwrap()
+    } else {
+        String::from_utf8(bytes).unwrap()
+    };
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+// Capture → export of the public sample: every conversation comes back with the same rows
+// (roles, contents, tool calls and results, reasoning, system prompt, tools) in turn order,
+// the recorded think times as `delay_seconds`, assistant rows from the recorded responses;
+// and the capture stores under 5% of the raw request + response bytes.
+#[tokio::test]
+async fn exported_sample_capture_reproduces_the_dataset_rows() {
+    let Some(sample) = sample_path() else { return };
+    let convs = dataset_conversations(&sample);
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&config(dir.path())).unwrap();
+    let raw = drive_conversations(rec.sink.as_ref(), &convs);
+    rec.finish().await;
+    let stored: u64 = agentrace::capture::reader::segments(dir.path())
+        .unwrap()
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(stored * 20 < raw, "stored {stored} of {raw} raw bytes");
+
+    let out = dir.path().join("export").join("sample.jsonl.zst");
+    let report = export::export(dir.path(), &out, &ExportOptions::default()).unwrap();
+    assert_eq!(report.conversations, convs.len());
+    assert_eq!(
+        report.client_turns,
+        convs.iter().map(|c| c.turns.len()).sum::<usize>()
+    );
+    let rows = read_rows(&out);
+    let mut at = 0;
+    for c in &convs {
+        for want in &c.rows {
+            let got = &rows[at];
+            at += 1;
+            assert_eq!(got["conversation_id"], want["conversation_id"]);
+            assert_eq!(got["turn"], want["turn"]);
+            for key in [
+                "role",
+                "content",
+                "tool_calls",
+                "tool_results",
+                "reasoning_content",
+                "system",
+                "tools",
+            ] {
+                assert_eq!(
+                    got.get(key),
+                    want.get(key),
+                    "{} turn {} {key}",
+                    c.id,
+                    want["turn"]
+                );
+            }
+            let d_got = got
+                .get("delay_seconds")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            let d_want = want
+                .get("delay_seconds")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            assert!(
+                (d_got - d_want).abs() < 2e-6,
+                "{} turn {}: delay {d_got} vs {d_want}",
+                c.id,
+                want["turn"]
+            );
+        }
+    }
+    assert_eq!(at, rows.len());
+}
+
+// Export options: a session filter and a time range keep only what they name, content
+// redaction keeps every length and no original text, and session keys outside ASCII 32..126
+// become distinct valid conversation ids.
+#[tokio::test]
+async fn export_filters_redacts_and_sanitises_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&config(dir.path())).unwrap();
+    let keys = ["caf\u{e9}", "caf\u{e8}", "plain"];
+    let t0 = 1_780_000_000_000_000_000u128;
+    for (i, key) in keys.iter().enumerate() {
+        for (turn, body) in agent_bodies(key, 3).into_iter().enumerate() {
+            let mut ex = FakeExchange::chat(Some(key), body, &format!("secret plan {turn}"));
+            ex.start_unix_ns = Some(t0 + (i as u128 * 10 + turn as u128) * 1_000_000_000);
+            drive(rec.sink.as_ref(), &ex);
+        }
+    }
+    rec.finish().await;
+
+    let all = dir.path().join("all.jsonl");
+    export::export(dir.path(), &all, &ExportOptions::default()).unwrap();
+    let rows = read_rows(&all);
+    let ids: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["conversation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids.into_iter().collect::<Vec<_>>(),
+        ["caf_", "caf_-2", "plain"]
+    );
+    // 3 turns: user, assistant, tool, assistant, tool, assistant.
+    assert_eq!(rows.len(), 3 * 6);
+
+    let one = dir.path().join("one.jsonl");
+    let opts = ExportOptions {
+        sessions: vec!["plain".into()],
+        ..ExportOptions::default()
+    };
+    export::export(dir.path(), &one, &opts).unwrap();
+    assert!(read_rows(&one)
+        .iter()
+        .all(|r| r["conversation_id"] == "plain"));
+
+    let window = dir.path().join("window.jsonl");
+    let opts = ExportOptions {
+        since_unix_ns: Some((t0 + 10_000_000_000) as u64),
+        until_unix_ns: Some((t0 + 20_000_000_000) as u64),
+        ..ExportOptions::default()
+    };
+    export::export(dir.path(), &window, &opts).unwrap();
+    assert!(read_rows(&window)
+        .iter()
+        .all(|r| r["conversation_id"] == "caf_"));
+
+    let redacted = dir.path().join("redacted.jsonl");
+    let opts = ExportOptions {
+        redact_content: true,
+        ..ExportOptions::default()
+    };
+    export::export(dir.path(), &redacted, &opts).unwrap();
+    let text = std::fs::read_to_string(&redacted).unwrap();
+    assert!(!text.contains("secret plan") && !text.contains("parser fails"));
+    for (a, b) in rows.iter().zip(read_rows(&redacted)) {
+        for key in ["content", "reasoning_content", "system"] {
+            let len = |v: &Value| {
+                v.get(key)
+                    .and_then(Value::as_str)
+                    .map(|s| s.chars().count())
+            };
+            assert_eq!(len(a), len(&b));
+        }
+    }
+}
+
+// The commands: `ls` lists each segment, `stats --json` counts sessions, exchanges and bytes,
+// `cat --session` prints that session's records with whole bodies, `export` writes a file;
+// a missing directory is a non-zero exit naming it.
+#[tokio::test]
+async fn capture_commands_show_what_the_files_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&config(dir.path())).unwrap();
+    let bodies = agent_bodies("cli", 4);
+    for body in &bodies {
+        drive(
+            rec.sink.as_ref(),
+            &FakeExchange::chat(Some("cli-session"), body.clone(), "done"),
+        );
+    }
+    drive(
+        rec.sink.as_ref(),
+        &FakeExchange::chat(Some("other"), b"{}".to_vec(), "x"),
+    );
+    rec.finish().await;
+    let bin = env!("CARGO_BIN_EXE_agentrace");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let d = dir.path().to_str().unwrap();
+    let ls = run(&["capture", "ls", d]);
+    assert!(ls.contains("5 exchanges") && ls.contains(" ok"), "{ls}");
+    let stats: Value = serde_json::from_str(&run(&["capture", "stats", d, "--json"])).unwrap();
+    assert_eq!(stats["sessions"], 2);
+    assert_eq!(stats["exchanges"], 5);
+    assert!(stats["bytes_stored"].as_u64().unwrap() > 0);
+    assert!(stats["bytes_raw"].as_u64().unwrap() > stats["bytes_stored"].as_u64().unwrap());
+    let cat = run(&["capture", "cat", d, "--session", "cli-session"]);
+    let lines: Vec<Value> = cat
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for (line, body) in lines.iter().zip(&bodies) {
+        assert!(line["request"]["body"].get("base").is_none());
+        assert_eq!(
+            line["request"]["body"]["text"].as_str().unwrap().as_bytes(),
+            &body[..]
+        );
+    }
+    let out = dir.path().join("x.jsonl");
+    let msg = run(&["capture", "export", d, "--out", out.to_str().unwrap()]);
+    assert!(
+        msg.contains("1 conversations") && msg.contains("left out 1: request has no messages"),
+        "{msg}"
+    );
+    let missing = Command::new(bin)
+        .args(["capture", "stats", "/nonexistent/capture-dir"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/capture-dir"));
+}

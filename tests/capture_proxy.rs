@@ -1,0 +1,420 @@
+//! The recorder inside a real proxy, in front of the simulator or a scripted upstream: a
+//! 20-turn session round-trips capture → export → validate → replay, streams still pass event
+//! by event, a proxy killed with SIGKILL leaves every flushed record readable, and an
+//! unwritable capture directory never stops forwarding.
+
+mod support;
+
+use std::sync::Arc;
+
+use agentrace::capture::export::{self, ExportOptions};
+use agentrace::capture::reader;
+use bytes::Bytes;
+use serde_json::Value;
+use support::capture::*;
+use tokio::time::{Duration, Instant};
+
+const SECRET: &str = "Bearer sk-e2e-SECRET-token-123456";
+
+fn messages(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body).unwrap()["messages"].clone()
+}
+
+// Round trip: 20 turns of one session through proxy (capture on) → simulator; the capture
+// holds each request and response byte for byte with the secret redacted; its export passes
+// the dataset validator with 20 client turns; a closed-loop replay of that export through a
+// second capturing proxy sends exactly the same messages, turn by turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
+    let (stop_sim, sim_shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(sim_shutdown);
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first");
+    let (stop_first, first_shutdown) = agentrace::shutdown::channel();
+    let proxy = start_proxy(&sim.addrs(), Some(config(&first)), first_shutdown).await;
+    let url = format!("http://{}/v1/chat/completions", proxy.addr);
+    let client = client();
+    let (bodies, replies) =
+        agent_session(&client, &url, "e2e-1", 20, &[("authorization", SECRET)]).await;
+    // Stop the proxy: its recorder finishes and closes the segment.
+    stop_first.fire();
+    proxy.join().await;
+
+    let capture = reader::read_dir(&first).unwrap();
+    assert!(capture.cuts.is_empty(), "{:?}", capture.cuts);
+    assert_eq!(capture.exchanges.len(), 20);
+    for (i, e) in capture.exchanges.iter().enumerate() {
+        assert_eq!(e.record.session.as_deref(), Some("e2e-1"));
+        assert_eq!(e.request_body.as_deref(), Some(&bodies[i][..]), "turn {i}");
+        assert_eq!(
+            e.response_body.as_deref(),
+            Some(&replies[i][..]),
+            "turn {i}"
+        );
+        let auth = e
+            .record
+            .request
+            .headers
+            .iter()
+            .find(|(k, _)| k == "authorization");
+        assert!(auth.unwrap().1.starts_with("REDACTED-"));
+        assert!(!e.event_offsets_us().is_empty());
+    }
+    assert!(!contains(&all_bytes(&first), b"sk-e2e-SECRET"));
+
+    let dataset_path = dir.path().join("export.jsonl");
+    let report = export::export(&first, &dataset_path, &ExportOptions::default()).unwrap();
+    assert_eq!(
+        (report.conversations, report.client_turns),
+        (1, 20),
+        "{report:?}"
+    );
+    let dataset = agentrace::dataset::load(&dataset_path, &Default::default()).unwrap();
+    assert_eq!(dataset.conversations[0].client_turns.len(), 20);
+
+    let second = dir.path().join("second");
+    let (stop_second, second_shutdown) = agentrace::shutdown::channel();
+    let replay_proxy = start_proxy(&sim.addrs(), Some(config(&second)), second_shutdown).await;
+    let replay_config = agentrace::replay::config::ReplayConfig {
+        target: format!("http://{}", replay_proxy.addr),
+        dataset: Some(dataset_path.clone()),
+        model_name: Some("m".into()),
+        concurrency: 1,
+        enable_salt: false,
+        inject_tool_delay: false,
+        ..Default::default()
+    };
+    let (_stop_replay, replay_shutdown) = agentrace::shutdown::channel();
+    let summary = agentrace::replay::run(
+        replay_config,
+        Arc::new(dataset),
+        &dir.path().join("replay-out"),
+        replay_shutdown,
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.turns_ok, 20, "{summary:?}");
+    stop_second.fire();
+    replay_proxy.join().await;
+    let replayed = reader::read_dir(&second).unwrap();
+    assert_eq!(replayed.exchanges.len(), 20);
+    for (i, (a, b)) in capture
+        .exchanges
+        .iter()
+        .zip(&replayed.exchanges)
+        .enumerate()
+    {
+        assert_eq!(
+            messages(a.request_body.as_ref().unwrap()),
+            messages(b.request_body.as_ref().unwrap()),
+            "turn {i}"
+        );
+    }
+    stop_sim.fire();
+    sim.join().await;
+}
+
+/// An upstream whose SSE events are released one at a time by the test.
+async fn scripted_upstream() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedSender<Bytes>,
+) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+    let rx = Arc::new(parking_lot::Mutex::new(Some(rx)));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let rx = rx.clone();
+            let svc =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let rx = if req.method() == http::Method::POST {
+                        rx.lock().take()
+                    } else {
+                        None
+                    };
+                    async move {
+                        let body = match rx {
+                            Some(rx) => {
+                                let stream =
+                                    futures_util::stream::unfold(rx, |mut rx| async move {
+                                        rx.recv().await.map(|b| {
+                                            (
+                                                Ok::<_, std::convert::Infallible>(
+                                                    http_body::Frame::data(b),
+                                                ),
+                                                rx,
+                                            )
+                                        })
+                                    });
+                                http_body_util::StreamBody::new(stream).boxed()
+                            }
+                            None => http_body_util::Full::new(Bytes::from_static(b"ok"))
+                                .map_err(|never| match never {})
+                                .boxed(),
+                        };
+                        let resp = http::Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(body)
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    (addr, tx)
+}
+
+// Streaming: with capture on, each SSE event reaches the client before the upstream sends
+// the next (the upstream waits for the client to see it, so a buffering proxy would hang);
+// the capture stamps each event with its own, non-decreasing offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_forwarded_event_by_event_with_capture_on() {
+    use http_body_util::BodyExt;
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let (upstream, events) = scripted_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_proxy(&[upstream], Some(config(dir.path())), shutdown).await;
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+        .header("x-session-id", "stream-1")
+        .body(http_body_util::Full::new(Bytes::from_static(
+            b"{\"messages\":[]}",
+        )))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let mut body = resp.into_body();
+    let sent: Vec<String> = (0..4).map(|i| format!("data: {{\"i\":{i}}}\n\n")).collect();
+    let mut received = Vec::new();
+    for event in &sent {
+        events.send(Bytes::from(event.clone())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let frame = tokio::time::timeout_at(deadline, body.frame())
+            .await
+            .expect("event held back by the proxy")
+            .unwrap()
+            .unwrap();
+        let data = frame.into_data().unwrap();
+        assert_eq!(data, event.as_bytes(), "each event arrives alone and whole");
+        received.push(data);
+    }
+    drop(events);
+    assert!(body.frame().await.is_none());
+    stop.fire();
+    proxy.join().await;
+    let back = read_all(dir.path());
+    assert_eq!(back.len(), 1);
+    let offsets = back[0].event_offsets_us();
+    assert_eq!(offsets.len(), 4);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    assert_eq!(
+        back[0].response_body.as_deref(),
+        Some(&received.concat()[..])
+    );
+}
+
+// Crash safety: a proxy child process killed with SIGKILL mid-run leaves every record that
+// was readable before the kill readable after it, bodies intact; later records are either
+// whole or absent, and the reader says where the segment stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_proxy_keeps_every_record_flushed_before_it() {
+    use tokio::io::AsyncBufReadExt;
+    let (_stop, shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(shutdown);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--backend")
+        .arg(format!("http://{}", sim.addrs()[0]))
+        .arg("--capture")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("proxy exited before listening");
+        if let Some(rest) = line.strip_prefix("agentrace proxy listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let url = format!("http://{addr}/v1/chat/completions");
+    let client = client();
+    let (before, _) = agent_session(&client, &url, "crash-1", 5, &[]).await;
+    let path = dir.path().to_path_buf();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reader::read_dir(&path)
+        .map(|c| c.exchanges.len())
+        .unwrap_or(0)
+        < before.len()
+    {
+        assert!(Instant::now() < deadline, "records not flushed within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (after, _) = agent_session(&client, &url, "crash-2", 3, &[]).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+
+    let capture = reader::read_dir(&path).unwrap();
+    let got: Vec<&[u8]> = capture
+        .exchanges
+        .iter()
+        .map(|e| e.request_body.as_deref().unwrap())
+        .collect();
+    assert!(got.len() >= before.len());
+    for (i, body) in before.iter().enumerate() {
+        assert_eq!(got[i], &body[..], "flushed record {i}");
+    }
+    for (i, body) in got[before.len()..].iter().enumerate() {
+        assert_eq!(*body, &after[i][..], "record after the last check {i}");
+    }
+    assert!(capture.cuts.len() <= 1, "{:?}", capture.cuts);
+}
+
+// Unwritable directory: every request is still answered in full, and the proxy's metrics
+// count one capture write error per exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwritable_capture_directory_keeps_the_proxy_forwarding() {
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(shutdown.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let proxy = start_proxy(
+        &sim.addrs(),
+        Some(config(&blocker.join("captures"))),
+        shutdown,
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", proxy.addr);
+    let client = client();
+    let (bodies, replies) = agent_session(&client, &url, "nowhere", 6, &[]).await;
+    assert_eq!(bodies.len(), 6);
+    assert!(replies.iter().all(|r| contains(r, b"[DONE]")));
+    let metrics_url = format!("http://{}/metrics", proxy.admin_addr);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = client.get(metrics_url.parse().unwrap()).await.unwrap();
+        use http_body_util::BodyExt;
+        let text = String::from_utf8(
+            resp.into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap();
+        if text
+            .lines()
+            .any(|l| l.starts_with("agentrace_capture_write_errors_total") && l.ends_with(" 6"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "write errors not counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.fire();
+    proxy.join().await;
+    sim.join().await;
+}
+
+// Open-loop replay: captured requests are sent in recorded start order, none before its due
+// time (recorded offset / speed), with the captured bodies and the session header; the report
+// gives every request's status and the schedule lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_replay_sends_captured_requests_at_scaled_recorded_times() {
+    use agentrace::capture::open_loop::{self, OpenLoopOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    let rec = agentrace::capture::Recorder::start(&config(&source)).unwrap();
+    let t0 = 1_780_000_000_000_000_000u128;
+    let offsets_ms = [0u64, 120, 121, 300, 480, 600];
+    let mut sent = Vec::new();
+    for (i, off) in offsets_ms.iter().enumerate() {
+        let session = format!("ol-{}", i % 2);
+        let body = agent_bodies(&session, i / 2 + 1).pop().unwrap();
+        let mut ex = FakeExchange::chat(Some(&session), body, "recorded reply");
+        ex.headers.push(("x-session-id", session.clone()));
+        ex.headers.push(("authorization", SECRET.into()));
+        ex.start_unix_ns = Some(t0 + *off as u128 * 1_000_000);
+        drive(rec.sink.as_ref(), &ex);
+        sent.push(ex);
+    }
+    rec.finish().await;
+
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(shutdown.clone());
+    let seen = dir.path().join("seen");
+    let proxy = start_proxy(&sim.addrs(), Some(config(&seen)), shutdown.clone()).await;
+    let speed = 2.0;
+    let report = open_loop::run(
+        OpenLoopOptions {
+            target: format!("http://{}", proxy.addr),
+            captures: source.clone(),
+            speed,
+            out_dir: dir.path().join("out"),
+            sessions: Vec::new(),
+        },
+        shutdown,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.scheduled, report.sent, report.ok),
+        (6, 6, 6),
+        "{report:?}"
+    );
+    for (o, off) in report.requests.iter().zip(offsets_ms) {
+        assert_eq!(o.status, Some(200));
+        assert!((o.due_ms - off as f64 / speed).abs() < 1e-6, "{o:?}");
+        assert!(o.lag_ms >= 0.0 && o.latency_ms.unwrap() >= o.ttfb_ms.unwrap());
+    }
+    assert!(report.schedule_lag.max_ms >= report.schedule_lag.p99_ms);
+    assert!(dir.path().join("out/open-loop-report.json").exists());
+
+    stop.fire();
+    proxy.join().await;
+    sim.join().await;
+    let mut replayed = read_all(&seen);
+    replayed.sort_by_key(|e| e.record.start_unix_ns);
+    assert_eq!(replayed.len(), 6);
+    // Never early: request i reaches the proxy no earlier than its due time, and request 0
+    // no later than its dispatch plus its time to first byte, so the gap between them is at
+    // least due_i - (lag_0 + ttfb_0) (1 ms slack for the two clocks involved).
+    let first = replayed[0].record.start_unix_ns;
+    let r0 = &report.requests[0];
+    let head_start_ms = r0.lag_ms + r0.ttfb_ms.unwrap();
+    for ((got, want), o) in replayed.iter().zip(&sent).zip(&report.requests) {
+        assert_eq!(got.request_body.as_deref(), Some(&want.body[..]));
+        assert_eq!(got.record.session, want.session, "session header replayed");
+        let gap_ms = (got.record.start_unix_ns - first) as f64 / 1e6;
+        assert!(
+            gap_ms + 1.0 >= o.due_ms - head_start_ms,
+            "{o:?} sent early (gap {gap_ms} ms)"
+        );
+    }
+}
