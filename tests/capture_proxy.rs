@@ -424,3 +424,61 @@ async fn open_loop_replay_sends_captured_requests_at_scaled_recorded_times() {
         );
     }
 }
+
+// The command-line form of the same: `replay --captures DIR --timing recorded --speed F`
+// replays every captured request and says so; without `--target` it is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_command_replays_captures_at_recorded_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    let rec = agentrace::capture::Recorder::start(&config(&source)).unwrap();
+    let t0 = 1_780_000_000_000_000_000u128;
+    for (i, off) in [0u64, 40, 80].iter().enumerate() {
+        let session = format!("cli-{i}");
+        let body = agent_bodies(&session, 1).pop().unwrap();
+        let mut ex = FakeExchange::chat(Some(&session), body, "recorded reply");
+        ex.start_unix_ns = Some(t0 + *off as u128 * 1_000_000);
+        drive(rec.sink.as_ref(), &ex);
+    }
+    rec.finish().await;
+
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(shutdown);
+    let out = dir.path().join("out");
+    let ok = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["replay", "--captures"])
+        .arg(&source)
+        .args(["--timing", "recorded", "--speed", "4", "--out"])
+        .arg(&out)
+        .args(["--target", &format!("http://{}", sim.addrs()[0])])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        stdout.contains("3 scheduled, 3 sent, 3 ok, 0 failed"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("open-loop-report.json")).unwrap()).unwrap();
+    assert_eq!(report["speed"], 4.0);
+
+    let out2 = dir.path().join("out2");
+    let no_target = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["replay", "--captures"])
+        .arg(&source)
+        .args(["--timing", "recorded", "--out"])
+        .arg(&out2)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(no_target.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_target.stderr).contains("--target"));
+    stop.fire();
+    sim.join().await;
+}

@@ -81,8 +81,28 @@ pub struct ReplayArgs {
     /// Slots (active trajectories).
     #[arg(long)]
     pub concurrency: Option<usize>,
+    /// Replay the requests captured by the proxy in DIR open-loop, instead of a dataset
+    /// closed-loop (closed-loop replay of a capture: `capture export`, then `--dataset`).
+    #[arg(long, value_name = "DIR", requires = "timing")]
+    pub captures: Option<PathBuf>,
+    /// How captured requests are paced: at their recorded start times.
+    #[arg(long, value_enum, requires = "captures")]
+    pub timing: Option<Timing>,
+    /// With `--timing recorded`: 2.0 replays twice as fast as recorded.
+    #[arg(long, default_value_t = 1.0, requires = "captures")]
+    pub speed: f64,
+    /// With `--captures`: only this session key (repeatable).
+    #[arg(long = "session", requires = "captures")]
+    pub sessions: Vec<String>,
     #[command(flatten)]
     pub run: RunFlags,
+}
+
+/// Pacing of an open-loop replay of captures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Timing {
+    /// Each request at its recorded start time, scaled by `--speed`.
+    Recorded,
 }
 
 /// Flags of `agentrace sweep`.
@@ -175,6 +195,9 @@ fn prepare(flags: &RunFlags, concurrency: Option<usize>) -> Result<ReplayConfig,
 
 /// Runs one replay.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    if let Some(captures) = &args.captures {
+        return run_captures(&args, captures).await;
+    }
     let config = match prepare(&args.run, args.concurrency) {
         Ok(c) => c,
         Err(code) => return Ok(code),
@@ -189,6 +212,68 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let report = std::fs::read_to_string(args.run.out.join("report.txt")).unwrap_or_default();
     print!("{report}");
     Ok(exit_code(&summary, args.run.require_pass))
+}
+
+/// `replay --captures DIR --timing recorded`: the proxy's captures, open-loop.
+async fn run_captures(args: &ReplayArgs, captures: &Path) -> anyhow::Result<ExitCode> {
+    let Some(target) = args.run.target.clone() else {
+        eprintln!("error: invalid configuration: --target is required with --captures");
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    };
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        eprintln!(
+            "error: invalid configuration: --speed: must be > 0, got {}",
+            args.speed
+        );
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
+    let (trigger, shutdown) = crate::shutdown::channel();
+    tokio::spawn(async move {
+        crate::shutdown::signal().await;
+        trigger.fire();
+    });
+    let options = crate::capture::open_loop::OpenLoopOptions {
+        target,
+        captures: captures.to_path_buf(),
+        speed: args.speed,
+        out_dir: args.run.out.clone(),
+        sessions: args.sessions.clone(),
+    };
+    let report = crate::capture::open_loop::run(options, shutdown)
+        .await
+        .with_context(|| format!("open-loop replay of {}", captures.display()))?;
+    println!(
+        "open-loop replay of {}: {} scheduled, {} sent, {} ok, {} failed{}",
+        captures.display(),
+        report.scheduled,
+        report.sent,
+        report.ok,
+        report.failed,
+        if report.interrupted {
+            " (interrupted)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "recorded span {:.3} s, replayed in {:.3} s at speed {}; schedule lag p50 {:.3} ms p99 {:.3} ms max {:.3} ms",
+        report.recorded_span_s,
+        report.wall_s,
+        report.speed,
+        report.schedule_lag.p50_ms,
+        report.schedule_lag.p99_ms,
+        report.schedule_lag.max_ms
+    );
+    println!(
+        "report: {}",
+        args.run.out.join("open-loop-report.json").display()
+    );
+    Ok(if report.sent > 0 && report.ok == 0 {
+        eprintln!("error: every request failed");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn exit_code(s: &super::ReplaySummary, require_pass: bool) -> ExitCode {
