@@ -64,8 +64,13 @@ pub struct TlsConfig {
 pub struct AdminConfig {
     /// Address of the admin listener. Port 0 picks one.
     pub listen: SocketAddr,
-    /// Bearer token required on `/admin/*`; mandatory when `listen` is not a loopback address.
+    /// Bearer token required on `/admin/*`; mandatory (or `token_file`) when `listen` is not
+    /// a loopback address.
     pub token: Option<Secret>,
+    /// File holding the token instead (e.g. a mounted Kubernetes Secret), so the config
+    /// itself can live in a ConfigMap. Read once when the proxy starts; surrounding
+    /// whitespace is ignored.
+    pub token_file: Option<PathBuf>,
 }
 
 /// Upstream connection settings shared by every backend.
@@ -208,6 +213,7 @@ impl Default for AdminConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
+            token_file: None,
         }
     }
 }
@@ -280,6 +286,20 @@ impl ProxyConfig {
         })
     }
 
+    /// Reads `admin.token_file` into `admin.token` (a no-op without one), so every later
+    /// check and the admin API see one token.
+    pub fn resolve_token_file(&mut self) -> Result<(), ConfigError> {
+        let Some(path) = self.admin.token_file.take() else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        self.admin.token = Some(Secret(text.trim().to_string()));
+        Ok(())
+    }
+
     /// Checks ranges and cross-field rules; the message names the field and the value.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
@@ -289,7 +309,10 @@ impl ProxyConfig {
         if self.workers > 256 {
             return bad(format!("workers: must be <= 256, got {}", self.workers));
         }
-        if !self.admin.listen.ip().is_loopback() {
+        if self.admin.token.is_some() && self.admin.token_file.is_some() {
+            return bad("admin.token_file: set admin.token or admin.token_file, not both".into());
+        }
+        if !self.admin.listen.ip().is_loopback() && self.admin.token_file.is_none() {
             match &self.admin.token {
                 None => {
                     return bad(format!(
@@ -634,6 +657,37 @@ mod tests {
         ))
         .unwrap();
         assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn token_file_stands_in_for_the_token_and_is_read_at_resolution() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "from-secret\n").unwrap();
+        let text = format!(
+            "[admin]\nlisten = \"0.0.0.0:9464\"\ntoken_file = {:?}\n{}",
+            path.display().to_string(),
+            base()
+        );
+        let mut c = ProxyConfig::from_toml_str(&text).unwrap();
+        c.resolve_token_file().unwrap();
+        assert_eq!(c.admin.token, Some(Secret("from-secret".into())));
+        c.validate().unwrap();
+
+        let both = format!("[admin]\ntoken = \"t\"\ntoken_file = \"/x\"\n{}", base());
+        let e = ProxyConfig::from_toml_str(&both).unwrap_err().to_string();
+        assert!(
+            e.contains("admin.token_file: set admin.token or admin.token_file, not both"),
+            "{e}"
+        );
+
+        let mut missing = ProxyConfig::from_toml_str(&format!(
+            "[admin]\ntoken_file = \"/nonexistent/admin-token\"\n{}",
+            base()
+        ))
+        .unwrap();
+        let e = missing.resolve_token_file().unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/admin-token"), "{e}");
     }
 
     #[test]

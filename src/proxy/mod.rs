@@ -155,10 +155,13 @@ pub async fn start_with_sink(
 }
 
 async fn start_inner(
-    config: ProxyConfig,
+    mut config: ProxyConfig,
     shutdown: Shutdown,
     sink: Option<Arc<dyn ExchangeSink>>,
 ) -> Result<ProxyHandle, ProxyError> {
+    // Validate before touching the file system, then again to check the token it held.
+    config.validate()?;
+    config.resolve_token_file()?;
     config.validate()?;
     let tls = config
         .tls
