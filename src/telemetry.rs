@@ -25,3 +25,15 @@ pub fn init(format: LogFormat, default_level: &str) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+/// The message of an error followed by its causes, for logs and error events.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -259,7 +259,7 @@ pub async fn run(
                     }
                     outcome.latency_ms = Some(dispatched.elapsed().as_secs_f64() * 1e3);
                 }
-                Err(e) => outcome.error = Some(error_chain(&e)),
+                Err(e) => outcome.error = Some(crate::telemetry::error_chain(&e)),
             }
             (i, outcome)
         });
@@ -333,15 +333,4 @@ pub async fn run(
         "open-loop replay done"
     );
     Ok(report)
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

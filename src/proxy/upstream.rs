@@ -276,7 +276,7 @@ pub async fn handle(
                 } else {
                     ErrorKind::Send
                 };
-                let cause = error_chain(&e);
+                let cause = crate::telemetry::error_chain(&e);
                 backend.metrics.error(kind);
                 health::on_error(&backend, kind, &pool.health);
                 tried.push(decision.index);
@@ -413,18 +413,6 @@ fn exchange_start(
         request_headers: parts.headers.clone(),
         request_body: body.clone(),
     }
-}
-
-/// The message of an error and its causes, for logs and error events.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
@@ -599,7 +587,7 @@ impl HttpBody for ObservedBody {
             }
             Some(Err(e)) => {
                 let mut exchange = this.exchange.take().expect("checked above");
-                let cause = error_chain(&e);
+                let cause = crate::telemetry::error_chain(&e);
                 exchange.backend.metrics.error(ErrorKind::Stream);
                 tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
                 let sse = exchange.sse;
