@@ -46,7 +46,7 @@ fn sse_frames(reply: &agentrace::dataset::ExpectedReply) -> Vec<Bytes> {
             }
         }
     }
-    if let Some(calls) = &reply.tool_calls {
+    if let Some(calls) = &reply.tool_calls_value() {
         for (i, c) in calls.as_array().into_iter().flatten().enumerate() {
             let args = c["function"]["arguments"].as_str().unwrap_or("");
             frames.push(chunk(

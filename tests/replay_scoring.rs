@@ -95,9 +95,11 @@ fn partial_repeat_counts_issued_turns_and_scores_0_6667() {
 #[test]
 fn unscorable_turns_are_excluded_and_partial_matches_score_fractionally() {
     let mut coding = conversation("astropy__astropy-1", 3, &[], "grep a b | head -3");
-    coding.client_turns[1].expected.as_mut().unwrap().tool_calls = Some(json!([
+    let echo_only = json!([
         {"id":"x","type":"function","function":{"name":"bash","arguments":"{\"command\": \"echo hi > f\"}"}}
-    ]));
+    ]);
+    coding.client_turns[1].expected.as_mut().unwrap().tool_calls =
+        Some(serde_json::value::to_raw_value(&echo_only).unwrap());
     coding.client_turns[2].expected = None; // conversation ends on a tool row
     let ds = dataset(vec![coding, workflow_conv("sim_000002", &["I058"])]);
     let ev = write_events(&[

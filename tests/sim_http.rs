@@ -544,7 +544,7 @@ fn tiny_dataset() -> Dataset {
                     ExpectedReply {
                         turn: 2,
                         reasoning_content: Some("Look first.".into()),
-                        tool_calls: Some(calls.clone()),
+                        tool_calls: Some(serde_json::value::to_raw_value(&calls).unwrap()),
                         ..Default::default()
                     },
                 ),
@@ -759,8 +759,8 @@ fn reply_parts(r: &Reply) -> (String, String, Vec<(String, String, String)>, Str
 /// True when a reply is exactly the recorded one.
 fn matches_expected(r: &Reply, expected: &ExpectedReply) -> bool {
     let (reasoning, content, calls, finish) = reply_parts(r);
-    let want_calls: Vec<(String, String, String)> = expected
-        .tool_calls
+    let recorded = expected.tool_calls_value();
+    let want_calls: Vec<(String, String, String)> = recorded
         .as_ref()
         .and_then(Value::as_array)
         .map(|calls| {

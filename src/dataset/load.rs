@@ -935,7 +935,7 @@ fn expected_reply(row: &mut Row) -> ExpectedReply {
             .fields
             .remove("tool_calls")
             .filter(|v| !v.is_null())
-            .map(compact),
+            .and_then(|v| serde_json::value::to_raw_value(&v).ok()),
         intent_codes: row
             .get("intent_codes")
             .and_then(Value::as_array)
@@ -946,26 +946,6 @@ fn expected_reply(row: &mut Row) -> ExpectedReply {
                     .map(str::to_string)
                     .collect()
             }),
-    }
-}
-
-/// The same value with every map and list at its exact size: the deserializer leaves room
-/// for four entries in small maps, which is most of a stored tool call's footprint.
-fn compact(v: Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut out = Map::with_capacity(m.len());
-            for (k, v) in m {
-                out.insert(k, compact(v));
-            }
-            Value::Object(out)
-        }
-        Value::Array(a) => {
-            let mut out = Vec::with_capacity(a.len());
-            out.extend(a.into_iter().map(compact));
-            Value::Array(out)
-        }
-        other => other,
     }
 }
 

@@ -89,10 +89,20 @@ pub struct ExpectedReply {
     pub content: Option<String>,
     /// Its `reasoning_content`, if any.
     pub reasoning_content: Option<String>,
-    /// Its `tool_calls` exactly as in the file.
-    pub tool_calls: Option<serde_json::Value>,
+    /// Its `tool_calls` exactly as in the file, kept as raw JSON: parsed trees cost several
+    /// times their text, and only the scorer and the oracle read them, once per turn.
+    pub tool_calls: Option<Box<RawValue>>,
     /// Its `intent_codes` (workflow ground truth), if any.
     pub intent_codes: Option<Vec<String>>,
+}
+
+impl ExpectedReply {
+    /// The recorded `tool_calls`, parsed.
+    pub fn tool_calls_value(&self) -> Option<serde_json::Value> {
+        self.tool_calls
+            .as_ref()
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+    }
 }
 
 pub mod load;

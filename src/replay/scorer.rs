@@ -425,7 +425,8 @@ fn score_issued(
             .filter(|c| !c.is_empty())
             .map(|c| c.to_uppercase())
             .collect();
-        let gt_actions = bash_actions(gt.tool_calls.as_ref());
+        let gt_calls = gt.tool_calls_value();
+        let gt_actions = bash_actions(gt_calls.as_ref());
         let scorable = if workflow {
             !gt_intents.is_empty()
         } else {

@@ -328,7 +328,7 @@ pub fn conversation(id: &str, turns: usize, delays: &[f64], cmd: &str) -> Conver
                 turn: row + 1,
                 content: None,
                 reasoning_content: Some("thinking".into()),
-                tool_calls: Some(tool_calls.clone()),
+                tool_calls: Some(serde_json::value::to_raw_value(&tool_calls).unwrap()),
                 intent_codes: None,
             }),
         });
