@@ -25,7 +25,7 @@ use bytes::Bytes;
 use serde_json::json;
 use tokio::time::{Duration, Instant};
 
-fn sse_frames(reply: &agentrace::dataset::ExpectedReply) -> Vec<Bytes> {
+fn sse_frames(reply: &agentrace::dataset::RecordedReply) -> Vec<Bytes> {
     let chunk = |delta: serde_json::Value| {
         Bytes::from(format!(
             "data: {}\n\n",
@@ -46,7 +46,7 @@ fn sse_frames(reply: &agentrace::dataset::ExpectedReply) -> Vec<Bytes> {
             }
         }
     }
-    if let Some(calls) = &reply.tool_calls_value() {
+    if let Some(calls) = &reply.tool_calls {
         for (i, c) in calls.as_array().into_iter().flatten().enumerate() {
             let args = c["function"]["arguments"].as_str().unwrap_or("");
             frames.push(chunk(
@@ -100,7 +100,11 @@ async fn sink_bench(dataset: &agentrace::dataset::Dataset) {
                 exchanges.push(Ex {
                     key: conv.id.clone(),
                     body: Bytes::from(builder.body(conv, turn, None)),
-                    frames: turn.expected.as_ref().map(sse_frames).unwrap_or_default(),
+                    frames: turn
+                        .expected
+                        .as_ref()
+                        .map(|e| sse_frames(&conv.recorded_reply(e)))
+                        .unwrap_or_default(),
                 });
             }
         }

@@ -85,7 +85,13 @@ fn metadata_counts_conversations_turns_and_client_turns() {
     let last = ds.conversations[0].client_turns.last().unwrap();
     let expected = last.expected.as_ref().unwrap();
     assert_eq!(expected.turn, 8);
-    assert_eq!(expected.content.as_deref(), Some("Done."));
+    let reply = ds.conversations[0].recorded_reply(expected);
+    assert_eq!(reply.content.as_deref(), Some("Done."));
+    // The reply is the history's own assistant message, not a copy.
+    assert_eq!(
+        ds.conversations[0].messages[expected.message].role,
+        agentrace::dataset::Role::Assistant
+    );
     let first = &ds.conversations[0].client_turns[0];
     assert_eq!(first.expected.as_ref().unwrap().turn, 2);
     assert!(first.expected.as_ref().unwrap().tool_calls.is_some());

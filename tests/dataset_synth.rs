@@ -108,7 +108,12 @@ fn standard_set_meets_its_targets_and_matches_the_recorded_sha256() {
                 .expected
                 .as_ref()
                 .expect("coding traces end on an assistant row");
-            assert!(e.reasoning_content.is_some() && e.tool_calls.is_some() && e.content.is_none());
+            let reply = c.recorded_reply(e);
+            assert!(
+                reply.reasoning_content.is_some()
+                    && e.tool_calls.is_some()
+                    && reply.content.is_none()
+            );
         }
     }
     let mut text_turns = 0;
@@ -116,7 +121,7 @@ fn standard_set_meets_its_targets_and_matches_the_recorded_sha256() {
         let mut previous: Vec<String> = vec![];
         for t in &c.client_turns {
             let e = t.expected.as_ref().unwrap();
-            if let Some(content) = &e.content {
+            if let Some(content) = &c.recorded_reply(e).content {
                 text_turns += 1;
                 let code = &intent
                     .captures(content)

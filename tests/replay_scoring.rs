@@ -14,8 +14,7 @@ fn workflow_conv(id: &str, intents: &[&str]) -> Conversation {
     let mut c = conversation(id, 1, &[], "ls");
     c.client_turns[0].expected = Some(ExpectedReply {
         turn: 2,
-        content: Some("Classified.".into()),
-        reasoning_content: None,
+        message: c.client_turns[0].history_len,
         tool_calls: None,
         intent_codes: Some(intents.iter().map(|s| s.to_string()).collect()),
     });

@@ -8,7 +8,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrace::dataset::{ClientTurn, Conversation, Dataset, ExpectedReply, HistoryMessage};
+use agentrace::dataset::{
+    ClientTurn, Conversation, Dataset, ExpectedReply, HistoryMessage, RecordedReply,
+};
 use agentrace::sim::{self, MidStreamFault, Oracle, ResponderKind, SimConfig};
 use serde_json::{json, Value};
 use support::sim::*;
@@ -523,6 +525,7 @@ fn tiny_dataset() -> Dataset {
             json!({"role": "assistant", "tool_calls": calls, "reasoning_content": "Look first.", "content": null}),
         ),
         wire(json!({"role": "tool", "content": "a.rs b.rs", "tool_call_id": "functions.bash:0"})),
+        wire(json!({"role": "assistant", "content": "There are two files."})),
     ];
     let turn = |turn, history_len, expected| ClientTurn {
         turn,
@@ -543,7 +546,7 @@ fn tiny_dataset() -> Dataset {
                     2,
                     ExpectedReply {
                         turn: 2,
-                        reasoning_content: Some("Look first.".into()),
+                        message: 2,
                         tool_calls: Some(serde_json::value::to_raw_value(&calls).unwrap()),
                         ..Default::default()
                     },
@@ -553,7 +556,7 @@ fn tiny_dataset() -> Dataset {
                     4,
                     ExpectedReply {
                         turn: 4,
-                        content: Some("There are two files.".into()),
+                        message: 4,
                         ..Default::default()
                     },
                 ),
@@ -757,10 +760,10 @@ fn reply_parts(r: &Reply) -> (String, String, Vec<(String, String, String)>, Str
 }
 
 /// True when a reply is exactly the recorded one.
-fn matches_expected(r: &Reply, expected: &ExpectedReply) -> bool {
+fn matches_expected(r: &Reply, expected: &RecordedReply) -> bool {
     let (reasoning, content, calls, finish) = reply_parts(r);
-    let recorded = expected.tool_calls_value();
-    let want_calls: Vec<(String, String, String)> = recorded
+    let want_calls: Vec<(String, String, String)> = expected
+        .tool_calls
         .as_ref()
         .and_then(Value::as_array)
         .map(|calls| {
@@ -852,7 +855,8 @@ async fn oracle_replays_recorded_replies_of_salted_sample_turns() {
                 .await;
                 assert_eq!(r.status, 200);
                 asked += 1;
-                right += usize::from(matches_expected(&r, turn.expected.as_ref().unwrap()));
+                let recorded = conv.recorded_reply(turn.expected.as_ref().unwrap());
+                right += usize::from(matches_expected(&r, &recorded));
             }
         }
         sim.stop().await;

@@ -880,7 +880,10 @@ fn build_conversation(group: Group) -> Conversation {
             continue;
         }
         let expected = match rows.get_mut(i + 1) {
-            Some(next) if next.role() == Some(Role::Assistant) => Some(expected_reply(next)),
+            // An assistant row is one message: the last one its pass-1 length counts.
+            Some(next) if next.role() == Some(Role::Assistant) => {
+                Some(expected_reply(next, history_lens[i + 1] - 1))
+            }
             _ => None,
         };
         let row = &mut rows[i];
@@ -920,17 +923,10 @@ fn build_conversation(group: Group) -> Conversation {
     }
 }
 
-fn expected_reply(row: &mut Row) -> ExpectedReply {
-    let mut take_str = |key: &str| match row.fields.remove(key) {
-        Some(Value::String(s)) => Some(s),
-        _ => None,
-    };
-    let content = take_str("content");
-    let reasoning_content = take_str("reasoning_content");
+fn expected_reply(row: &mut Row, message: usize) -> ExpectedReply {
     ExpectedReply {
         turn: row.turn as u32,
-        content,
-        reasoning_content,
+        message,
         tool_calls: row
             .fields
             .remove("tool_calls")

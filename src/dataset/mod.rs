@@ -85,15 +85,47 @@ pub struct ClientTurn {
 pub struct ExpectedReply {
     /// The assistant row's `turn` number.
     pub turn: u32,
-    /// Its `content`, if any.
-    pub content: Option<String>,
-    /// Its `reasoning_content`, if any.
-    pub reasoning_content: Option<String>,
+    /// Index of the recorded assistant message in the conversation's `messages`: its text
+    /// is read from there ([`Conversation::recorded_reply`]) rather than held twice.
+    pub message: usize,
     /// Its `tool_calls` exactly as in the file, kept as raw JSON: parsed trees cost several
     /// times their text, and only the scorer and the oracle read them, once per turn.
     pub tool_calls: Option<Box<RawValue>>,
     /// Its `intent_codes` (workflow ground truth), if any.
     pub intent_codes: Option<Vec<String>>,
+}
+
+/// A recorded assistant reply with its text, read from the history when needed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordedReply {
+    /// Its `content`, if a string.
+    pub content: Option<String>,
+    /// Its `reasoning_content`, if any.
+    pub reasoning_content: Option<String>,
+    /// Its `tool_calls`, parsed.
+    pub tool_calls: Option<serde_json::Value>,
+}
+
+impl Conversation {
+    /// The text of the assistant message `expected` points at.
+    pub fn recorded_reply(&self, expected: &ExpectedReply) -> RecordedReply {
+        let parsed: Option<serde_json::Value> = self
+            .messages
+            .get(expected.message)
+            .and_then(|m| serde_json::from_str(m.wire.get()).ok());
+        let Some(serde_json::Value::Object(mut fields)) = parsed else {
+            return RecordedReply::default();
+        };
+        let mut text = |key: &str| match fields.remove(key) {
+            Some(serde_json::Value::String(s)) => Some(s),
+            _ => None,
+        };
+        RecordedReply {
+            content: text("content"),
+            reasoning_content: text("reasoning_content"),
+            tool_calls: fields.remove("tool_calls").filter(|v| !v.is_null()),
+        }
+    }
 }
 
 impl ExpectedReply {

@@ -287,12 +287,11 @@ impl Replica {
     }
 
     fn oracle_reply(&self, messages: &[Message], rng: &mut Rng) -> Option<Reply> {
-        let expected = self.oracle.as_ref()?.lookup(messages)?;
-        let calls = expected.tool_calls_value();
+        let recorded = self.oracle.as_ref()?.lookup(messages)?;
         let (r, c, t) = (
-            expected.reasoning_content.as_deref(),
-            expected.content.as_deref(),
-            calls.as_ref(),
+            recorded.reasoning_content.as_deref(),
+            recorded.content.as_deref(),
+            recorded.tool_calls.as_ref(),
         );
         Some(if rng.next_f64() < self.config.responder.oracle_accuracy {
             generate::recorded(r, c, t, rng)

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::api::{content_text, Message};
 use super::render::{fnv64, splitmix64};
-use crate::dataset::{Dataset, ExpectedReply};
+use crate::dataset::{Dataset, RecordedReply};
 
 /// Why a dataset cannot back the oracle.
 #[derive(Debug, thiserror::Error)]
@@ -79,12 +79,11 @@ impl Oracle {
     }
 
     /// The recorded reply to a request with these messages, if it replays a dataset turn.
-    pub fn lookup(&self, messages: &[Message]) -> Option<&ExpectedReply> {
+    pub fn lookup(&self, messages: &[Message]) -> Option<RecordedReply> {
         let h = *history_hashes(messages).last()?;
         let &(ci, ti) = self.index.get(&h)?;
-        self.dataset.conversations[ci].client_turns[ti]
-            .expected
-            .as_ref()
+        let conv = &self.dataset.conversations[ci];
+        Some(conv.recorded_reply(conv.client_turns[ti].expected.as_ref()?))
     }
 }
 

@@ -326,8 +326,8 @@ pub fn conversation(id: &str, turns: usize, delays: &[f64], cmd: &str) -> Conver
             overrides: serde_json::Map::from_iter([("tools".to_string(), serde_json::json!([{"type":"function","function":{"name":"bash","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}}]))]),
             expected: Some(ExpectedReply {
                 turn: row + 1,
-                content: None,
-                reasoning_content: Some("thinking".into()),
+                // The assistant message pushed just below.
+                message: messages.len(),
                 tool_calls: Some(serde_json::value::to_raw_value(&tool_calls).unwrap()),
                 intent_codes: None,
             }),
