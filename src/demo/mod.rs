@@ -21,7 +21,7 @@ use crate::sim::{self, Oracle, ReplicaStats, SimConfig};
 /// Flags of `agentrace demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// A ~20-second version (fewer, shorter trajectories; a 2-point sweep).
+    /// A ~20-second version (fewer trajectories and slots; a 2-point sweep).
     #[arg(long)]
     pub quick: bool,
     /// Simulated replicas behind the proxy.
