@@ -354,7 +354,7 @@ async fn bad_config_exits_with_code_2() {
     );
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
-        .args(["proxy", "--backend", "localhost:8000"])
+        .args(["proxy", "--backend", "backend.invalid:8000"])
         .output()
         .unwrap();
     assert_eq!(

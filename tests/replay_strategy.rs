@@ -360,14 +360,16 @@ async fn budget_repeats_round_robin_and_routing_headers_carry_the_logical_id() {
 }
 
 // §20.17 (first case), §12: budget 2 at concurrency 2 and a 1-turn conv1: conv1's end stops
-// tracking exactly once; conv2 continues to its last turn, outside the window.
+// tracking exactly once; conv2 continues to its last turn, outside the window. conv1's reply
+// takes long enough that both first turns are issued before it ends, as in the reference,
+// where the first wave is issued before any response is processed.
 #[tokio::test]
 async fn stop_tracking_when_the_first_slot_finds_no_trajectory_left() {
     let srv = start(|r| Plan {
         gap: if r.session == "conv2" {
-            Duration::from_millis(30)
+            Duration::from_millis(120)
         } else {
-            Duration::ZERO
+            Duration::from_millis(60)
         },
         ..Default::default()
     })
@@ -688,7 +690,7 @@ fn shipped_configs_parse_and_validate() {
             .join("config")
             .join(name);
         let mut cfg = ReplayConfig::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
-        cfg.target = "http://127.0.0.1:8000".into();
+        cfg.target = "http://backend.invalid:8000".into();
         cfg.api_key_env = None;
         cfg.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(cfg.gates().is_some(), "{name}: gates from the preset");
