@@ -164,13 +164,7 @@ async fn fingerprint_keeps_a_conversation_on_one_backend() {
         distinct.len() >= 2,
         "fingerprints are not all equal: {homes:?}"
     );
-    let metrics = String::from_utf8(
-        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
-            .await
-            .2
-            .to_vec(),
-    )
-    .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(
             "agentrace_affinity_decisions_total{source=\"fingerprint\",outcome=\"hash\"} 48"

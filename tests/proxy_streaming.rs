@@ -101,13 +101,7 @@ async fn mid_stream_failure_yields_an_error_event_and_no_retry() {
     assert!(last.ends_with("\n\n"));
     assert!(!all.contains("[DONE]"));
     assert_eq!(a.hits() + b.hits(), 1, "never retried after the first byte");
-    let metrics = String::from_utf8(
-        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
-            .await
-            .2
-            .to_vec(),
-    )
-    .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(metrics.contains("kind=\"stream\"} 1"), "{metrics}");
     proxy.shutdown().await;
 }
@@ -217,13 +211,7 @@ async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     )
     .await;
     assert_eq!(served_by(&headers), other.name());
-    let metrics = String::from_utf8(
-        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
-            .await
-            .2
-            .to_vec(),
-    )
-    .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(metrics.contains("agentrace_retries_total 1"), "{metrics}");
     assert!(metrics.contains("outcome=\"failover\"} 1"), "{metrics}");
     assert!(metrics.contains("outcome=\"bound\"} 1"), "{metrics}");
@@ -362,13 +350,7 @@ async fn connect_errors_eject_passively() {
         first_failover.is_some(),
         "a connect error ejects the backend"
     );
-    let metrics = String::from_utf8(
-        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
-            .await
-            .2
-            .to_vec(),
-    )
-    .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("agentrace_upstream_errors_total{backend=\"dead\",kind=\"connect\"} 1"),
         "{metrics}"
@@ -653,13 +635,7 @@ async fn capture_records_exchanges_passing_through() {
     )
     .await;
     assert_eq!(status, 200);
-    let metrics = String::from_utf8(
-        fetch(&client, "GET", &proxy.admin_url("/metrics"), &[], "")
-            .await
-            .2
-            .to_vec(),
-    )
-    .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("agentrace_capture_records_dropped_total 0"),
         "{metrics}"

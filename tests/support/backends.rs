@@ -335,6 +335,13 @@ impl TestProxy {
         format!("http://{}{path}", self.admin)
     }
 
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let (status, _, body) = fetch(&client(), "GET", &self.admin_url("/metrics"), &[], "").await;
+        assert_eq!(status, 200, "/metrics answers");
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
     pub fn handle(&self) -> &ProxyHandle {
         self.handle.as_ref().unwrap()
     }
