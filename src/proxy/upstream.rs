@@ -237,6 +237,20 @@ pub async fn handle(
         &body,
     );
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
+    // What the recorder learns of this exchange, for the backend that answers (or failed last).
+    let exchange = |backend: &Backend| {
+        exchange_start(
+            &key,
+            key_source,
+            backend,
+            started_unix_ns,
+            started_at,
+            request_received_at,
+            &parts,
+            &path_and_query,
+            &body,
+        )
+    };
 
     let headers = forward_headers(&parts.headers, &parts.uri, peer, tls);
     let client = inner.worker_clients.read()[worker].clone();
@@ -287,17 +301,7 @@ pub async fn handle(
                 }
                 tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
                 if let Some(sink) = &inner.sink {
-                    let observer = sink.start(exchange_start(
-                        &key,
-                        key_source,
-                        &backend,
-                        started_unix_ns,
-                        started_at,
-                        request_received_at,
-                        &parts,
-                        &path_and_query,
-                        &body,
-                    ));
+                    let observer = sink.start(exchange(&backend));
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
                 }
                 inner.metrics.refused(StatusCode::BAD_GATEWAY);
@@ -327,17 +331,7 @@ pub async fn handle(
             .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
-        let mut observer = sink.start(exchange_start(
-            &key,
-            key_source,
-            &backend,
-            started_unix_ns,
-            started_at,
-            request_received_at,
-            &parts,
-            &path_and_query,
-            &body,
-        ));
+        let mut observer = sink.start(exchange(&backend));
         observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
         observer
     });
