@@ -8,8 +8,9 @@
 //! `--duration SECS` (per run, default 5), `--repeats N` (default 3, medians reported),
 //! `--loads 8,64` (connections per run), `--sse-streams N` (default 32), `--sse-interval-us N`
 //! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run).
-//! Load generator, backends and proxies share the machine's cores: numbers are noisy; compare
-//! targets within one run, not across machines.
+//! Load generator, backends and proxies share the machine's cores, so req/s are noisy; the proxy
+//! CPU column (user + system time of the proxy processes per request) is the steadier figure;
+//! compare targets within one run, not across machines.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -309,6 +310,8 @@ struct RunResult {
     p50_us: f64,
     p99_us: f64,
     errors: u64,
+    /// CPU time the proxy processes spent per request (user + system), when measurable.
+    cpu_us_per_req: f64,
 }
 
 fn wrk_script(dir: &Path) -> PathBuf {
@@ -360,6 +363,7 @@ async fn run_wrk(
         p50_us: f64::NAN,
         p99_us: f64::NAN,
         errors: 0,
+        cpu_us_per_req: f64::NAN,
     };
     for line in text.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -435,6 +439,7 @@ async fn run_rust_client(addr: SocketAddr, conns: usize, duration: Duration) -> 
         p50_us: percentile(&all, 0.50) / 1e3,
         p99_us: percentile(&all, 0.99) / 1e3,
         errors,
+        cpu_us_per_req: f64::NAN,
     }
 }
 
@@ -610,25 +615,30 @@ async fn run(args: Args) {
         for _ in 0..args.repeats {
             // Interleave targets within each repeat so background noise hits all of them.
             for (i, t) in targets.iter().enumerate() {
-                let r = match &wrk {
+                let cpu_before = t.cpu_seconds();
+                let mut r = match &wrk {
                     Some(w) => run_wrk(w, &script, t.addr, conns, args.duration).await,
                     None => run_rust_client(t.addr, conns, args.duration).await,
                 };
+                if let (Some(a), Some(b)) = (cpu_before, t.cpu_seconds()) {
+                    r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * args.duration.as_secs_f64());
+                }
                 results[i].push(r);
             }
         }
         println!("\n{conns} connections (closed loop)");
         println!(
-            "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | errors |"
+            "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | proxy CPU µs/req | errors |"
         );
         println!(
-            "|-----------|---------------:|-------:|-------:|-----------------------:|-------:|"
+            "|-----------|---------------:|-------:|-------:|-----------------------:|-----------------:|-------:|"
         );
         let direct_p50 = median(results[0].iter().map(|r| r.p50_us).collect());
         for (t, rs) in targets.iter().zip(&results) {
             let p50 = median(rs.iter().map(|r| r.p50_us).collect());
+            let cpu = median(rs.iter().map(|r| r.cpu_us_per_req).collect());
             println!(
-                "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>6} |",
+                "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>16} | {:>6} |",
                 t.name,
                 median(rs.iter().map(|r| r.rps).collect()),
                 p50,
@@ -637,6 +647,11 @@ async fn run(args: Args) {
                     "-".to_string()
                 } else {
                     format!("{:.0}", p50 - direct_p50)
+                },
+                if cpu.is_nan() {
+                    "-".to_string()
+                } else {
+                    format!("{cpu:.1}")
                 },
                 rs.iter().map(|r| r.errors).sum::<u64>()
             );
@@ -685,6 +700,43 @@ async fn run(args: Args) {
 }
 
 impl Target {
+    /// User + system CPU seconds of the proxy process and its descendants (nginx's workers),
+    /// from `/proc`; `None` for the in-process direct target or where `/proc` is missing.
+    fn cpu_seconds(&self) -> Option<f64> {
+        let root = self._child.as_ref()?.id()?;
+        let mut parent_of = std::collections::HashMap::new();
+        let mut ticks = std::collections::HashMap::new();
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // Fields after the parenthesised command name: state, ppid, ..., utime (12th), stime.
+            let f: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            parent_of.insert(pid, num(1) as u32);
+            ticks.insert(pid, num(11) + num(12));
+        }
+        let in_tree = |mut pid: u32| loop {
+            if pid == root {
+                return true;
+            }
+            match parent_of.get(&pid) {
+                Some(&p) if p != 0 && p != pid => pid = p,
+                _ => return false,
+            }
+        };
+        let total: u64 = ticks
+            .iter()
+            .filter(|(pid, _)| in_tree(**pid))
+            .map(|(_, t)| t)
+            .sum();
+        // Clock ticks are 1/100 s on Linux.
+        Some(total as f64 / 100.0)
+    }
+
     /// SIGTERM and wait: nginx's workers outlive a SIGKILLed master.
     async fn stop(self) {
         if let Some(mut child) = self._child {

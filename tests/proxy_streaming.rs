@@ -6,7 +6,9 @@
 //! client that goes away cancels the upstream request; failing probes eject a backend and
 //! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
 //! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
-//! shutdown lets an open stream finish; h2c works on the plain listener.
+//! shutdown lets an open stream finish; h2c works on the plain listener; upstream keep-alive
+//! connections are reused request after request; `https` backends are reached with the
+//! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles.
 
 mod support;
 
@@ -550,6 +552,122 @@ async fn headers_pass_through_except_hop_by_hop() {
         .unwrap()
         .starts_with("for=127.0.0.1;proto=http"));
     assert_eq!(seen["host"], a.addr.to_string());
+    proxy.shutdown().await;
+}
+
+/// One client sending request after request costs the backend one connection: each response
+/// hands its upstream connection back for the next request.
+#[tokio::test]
+async fn upstream_connections_are_reused_request_after_request() {
+    let a = TestBackend::spawn("a").await;
+    let sse = TestBackend::spawn_with(
+        "sse",
+        Mode::Sse {
+            events: 3,
+            gated: false,
+            cut_after: None,
+        },
+    )
+    .await;
+    let proxy = start_proxy(config_for(&[&a])).await;
+    let http = client();
+    for i in 0..50 {
+        let (status, _, _) = fetch(
+            &http,
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[("x-session-id", "reuse")],
+            format!("{{\"n\":{i}}}"),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(a.hits(), 50);
+    assert_eq!(
+        a.serving_connections(),
+        1,
+        "one upstream connection served them all"
+    );
+    proxy.shutdown().await;
+
+    // Streams end with the connection reusable too.
+    let proxy = start_proxy(config_for(&[&sse])).await;
+    for _ in 0..10 {
+        let (status, _, body) = fetch(
+            &http,
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[("x-session-id", "reuse")],
+            "{\"stream\":true}",
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
+    }
+    assert_eq!(sse.serving_connections(), 1);
+    proxy.shutdown().await;
+}
+
+/// An `https` backend is verified against `upstream.ca_file` and spoken to over HTTP/2 when it
+/// offers h2 by ALPN, over HTTP/1.1 otherwise; both keep one connection for many requests.
+#[tokio::test]
+async fn https_backends_use_the_ca_file_and_the_negotiated_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.key_pair.serialize_pem());
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &cert).unwrap();
+    for (alpn, version) in [
+        (&[b"h2".as_slice(), b"http/1.1"][..], http::Version::HTTP_2),
+        (&[b"http/1.1".as_slice()][..], http::Version::HTTP_11),
+    ] {
+        let backend = TestBackend::spawn_tls("tls", &cert, &key, alpn).await;
+        let mut config = config_for(&[&backend]);
+        config.backends[0].url = format!("https://localhost:{}", backend.addr.port());
+        config.upstream.ca_file = Some(ca_file.clone());
+        let proxy = start_proxy(config).await;
+        let http = client();
+        for _ in 0..5 {
+            let (status, _, body) = fetch(
+                &http,
+                "POST",
+                &proxy.url("/v1/chat/completions"),
+                &[("x-session-id", "tls")],
+                "{}",
+            )
+            .await;
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        }
+        assert_eq!(backend.last_version(), Some(version));
+        assert_eq!(backend.serving_connections(), 1);
+        if version == http::Version::HTTP_11 {
+            // (HTTP/2 carries it as the :authority of the request URI instead.)
+            assert_eq!(
+                backend.last_headers().unwrap()[http::header::HOST],
+                format!("localhost:{}", backend.addr.port()).as_str(),
+            );
+        }
+        proxy.shutdown().await;
+    }
+
+    // Without the CA file the backend's certificate is refused: a 502 naming the backend.
+    let backend = TestBackend::spawn_tls("tls", &cert, &key, &[b"http/1.1"]).await;
+    let mut config = config_for(&[&backend]);
+    config.backends[0].url = format!("https://localhost:{}", backend.addr.port());
+    let proxy = start_proxy(config).await;
+    let (status, _, body) = fetch(
+        &client(),
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "tls")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 502);
+    assert!(String::from_utf8_lossy(&body).contains("backend tls failed"));
+    assert_eq!(backend.hits(), 0);
     proxy.shutdown().await;
 }
 

@@ -452,6 +452,8 @@ pub struct BackendUrl {
     pub authority: http::uri::Authority,
     /// Prefix put before every forwarded path, without a trailing slash (often empty).
     pub base_path: String,
+    /// The `Host` header of HTTP/1.1 requests to this backend.
+    pub host: http::HeaderValue,
 }
 
 impl BackendUrl {
@@ -476,10 +478,13 @@ impl BackendUrl {
             return Err("must not have a query".into());
         }
         let base_path = uri.path().trim_end_matches('/').to_string();
+        let host = http::HeaderValue::from_str(authority.as_str())
+            .map_err(|_| "host is not a valid Host header".to_string())?;
         Ok(Self {
             scheme,
             authority,
             base_path,
+            host,
         })
     }
 }

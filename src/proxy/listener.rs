@@ -196,10 +196,10 @@ async fn serve_connection(
     inner: Arc<Inner>,
     worker: usize,
 ) {
-    let is_tls = tls.is_some();
+    let client = Arc::new(upstream::ClientConn::new(peer, tls.is_some(), worker));
     let service = service_fn(move |req| {
-        let inner = inner.clone();
-        async move { Ok::<_, Infallible>(upstream::handle(inner, req, peer, is_tls, worker).await) }
+        let (inner, client) = (inner.clone(), client.clone());
+        async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
     });
     let result = match tls {
         None => {

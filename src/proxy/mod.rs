@@ -1,7 +1,7 @@
 //! The affinity proxy: pins each agent session to one backend and streams responses through.
 //!
 //! Stages: `listener` (accept, TLS) → `routing` (session key, rendezvous pick, bindings) →
-//! `upstream` (pooled client, failover) → `tap` (frame observers for the recorder);
+//! `upstream` (failover, streamed response) over `pool` (per-worker keep-alive connections) → `tap` (frame observers for the recorder);
 //! `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
@@ -10,6 +10,7 @@ pub mod config;
 pub mod health;
 pub mod listener;
 pub mod metrics;
+pub mod pool;
 pub mod routing;
 pub mod tap;
 pub mod upstream;
@@ -77,8 +78,8 @@ pub struct Inner {
     router: Router,
     /// Client for health probes (runs on the caller's runtime).
     client: RwLock<UpstreamClient>,
-    /// One client (pool) per forwarding worker, so upstream connections live on its thread.
-    worker_clients: RwLock<Vec<UpstreamClient>>,
+    /// One connection pool per forwarding worker, so upstream connections live on its thread.
+    worker_pools: RwLock<Vec<Arc<pool::WorkerPool>>>,
     metrics: ProxyMetrics,
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Mutex<Option<Recorder>>,
@@ -139,6 +140,15 @@ fn any_https(config: &ProxyConfig) -> bool {
     config.backends.iter().any(|b| b.url.starts_with("https:"))
 }
 
+fn worker_pools(
+    config: &ProxyConfig,
+    workers: usize,
+) -> Result<Vec<Arc<pool::WorkerPool>>, ProxyError> {
+    (0..workers)
+        .map(|_| upstream::build_pool(&config.upstream, any_https(config)).map(Arc::new))
+        .collect()
+}
+
 /// Validates `config`, binds both listeners and starts serving; resolves once bound. With
 /// `capture.enabled`, the recorder is started and every exchange is reported to it.
 pub async fn start(config: ProxyConfig, shutdown: Shutdown) -> Result<ProxyHandle, ProxyError> {
@@ -170,9 +180,7 @@ async fn start_inner(
         .transpose()?;
     let client = upstream::build_client(&config.upstream, any_https(&config))?;
     let workers = worker_count(&config);
-    let worker_clients = (0..workers)
-        .map(|_| upstream::build_client(&config.upstream, any_https(&config)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let worker_pools = worker_pools(&config, workers)?;
 
     let bind = |what: &'static str, addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
@@ -206,7 +214,7 @@ async fn start_inner(
     let inner = Arc::new(Inner {
         router,
         client: RwLock::new(client),
-        worker_clients: RwLock::new(worker_clients),
+        worker_pools: RwLock::new(worker_pools),
         metrics,
         sink,
         recorder: Mutex::new(recorder),
@@ -245,7 +253,8 @@ async fn start_inner(
     })
 }
 
-/// Sweeps idle sessions and folds histogram samples, so neither grows between scrapes.
+/// Sweeps idle sessions and upstream connections and folds histogram samples, so none of them
+/// grows between scrapes.
 async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
     let period = Duration::from_secs(5);
     let mut next = tokio::time::Instant::now() + period;
@@ -256,6 +265,9 @@ async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
         }
         inner.router.sessions.sweep();
         inner.metrics.upkeep();
+        for pool in inner.worker_pools.read().iter() {
+            pool.reap();
+        }
         next += period;
     }
 }
@@ -276,16 +288,14 @@ impl Inner {
             tracing::warn!("listen, tls, admin, capture, workers and max_request_body_bytes changes need a restart; keeping the running values");
         }
         let client = upstream::build_client(&config.upstream, any_https(&config))?;
-        let worker_clients = (0..self.worker_clients.read().len())
-            .map(|_| upstream::build_client(&config.upstream, any_https(&config)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;
         let pool = build_pool(&config, &self.metrics, Some(&self.router.pool()));
         self.router.sessions.set_limits(
             config.affinity.max_sessions,
             Duration::from_secs(config.affinity.session_ttl_secs),
         );
         *self.client.write() = client;
-        *self.worker_clients.write() = worker_clients;
+        *self.worker_pools.write() = worker_pools;
         self.retries
             .store(config.upstream.retries, Ordering::Relaxed);
         self.router.replace_pool(pool);

@@ -177,6 +177,8 @@ pub fn conversation_fingerprint(body: &[u8]) -> Option<u64> {
 pub struct Backend {
     /// Configured name (seeds the rendezvous hash).
     pub name: Arc<str>,
+    /// The name as the `X-Agentrace-Backend` response header carries it (none if not ASCII).
+    pub name_header: Option<http::HeaderValue>,
     /// Where requests go.
     pub url: BackendUrl,
     /// Rendezvous weight.
@@ -213,6 +215,7 @@ impl Backend {
     pub fn new(name: &str, url: BackendUrl, weight: f64, metrics: BackendMetrics) -> Self {
         Self {
             name: Arc::from(name),
+            name_header: http::HeaderValue::from_str(name).ok(),
             url,
             weight,
             seed: hash64(0x5EED, name.as_bytes()),

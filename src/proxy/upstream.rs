@@ -1,4 +1,4 @@
-//! Upstream: the pooled client, one request's trip to a backend with failover before the first
+//! Upstream: one request's trip to a backend with failover before the first
 //! byte, and the response body that streams frame by frame while metrics and the tap watch it.
 
 use std::net::SocketAddr;
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::health;
 use super::metrics::{BackendMetrics, ErrorKind};
+use super::pool::{Lease, PoolError, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
@@ -32,8 +33,29 @@ use crate::http_body::BoxError;
 /// The pooled keep-alive client used for every backend (HTTP/1.1, or h2 when TLS ALPN says so).
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Builds the client: rustls (ring) with the configured CA file or the platform roots.
+/// Builds the client used for health probes, on [`build_connector`]'s connections.
 pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamClient, ProxyError> {
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(cfg.pool_idle_timeout_secs))
+        .pool_max_idle_per_host(cfg.pool_max_idle_per_backend)
+        .build(build_connector(cfg, any_https)?))
+}
+
+/// A forwarding worker's connection pool, with [`build_connector`]'s connections.
+pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+    Ok(WorkerPool::new(
+        build_connector(cfg, any_https)?,
+        cfg.pool_max_idle_per_backend,
+        Duration::from_secs(cfg.pool_idle_timeout_secs),
+    ))
+}
+
+/// Builds the connector: TCP with the connect timeout, then rustls (ring) with the configured
+/// CA file or the platform roots for `https` backends, offering h2 and http/1.1 by ALPN.
+pub fn build_connector(
+    cfg: &UpstreamConfig,
+    any_https: bool,
+) -> Result<HttpsConnector<HttpConnector>, ProxyError> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = &cfg.ca_file {
         let tls_err = |reason: String| ProxyError::Tls {
@@ -74,16 +96,12 @@ pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamCli
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(cfg.pool_idle_timeout_secs))
-        .pool_max_idle_per_host(cfg.pool_max_idle_per_backend)
-        .build(https))
+        .wrap_connector(http))
 }
 
 /// Hop-by-hop headers never forwarded (RFC 9110 §7.6.1), plus `host` (rebuilt from the
@@ -185,19 +203,49 @@ impl Drop for InFlight {
     }
 }
 
+/// What every request of one client connection shares: who the client is, as the forwarded
+/// headers say it (formatted once per connection), and which worker serves it.
+pub struct ClientConn {
+    /// The client's IP address, as `X-Forwarded-For` lists it.
+    ip: String,
+    /// The `for=` element of `Forwarded` (IPv6 quoted and bracketed).
+    forwarded_for: String,
+    /// Whether the client connected with TLS.
+    tls: bool,
+    /// The forwarding worker (and so the upstream pool) serving the connection.
+    worker: usize,
+}
+
+impl ClientConn {
+    /// The shared view of a connection from `peer`.
+    pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
+        let ip = peer.ip();
+        Self {
+            ip: ip.to_string(),
+            forwarded_for: if ip.is_ipv6() {
+                format!("for=\"[{ip}]\"")
+            } else {
+                format!("for={ip}")
+            },
+            tls,
+            worker,
+        }
+    }
+}
+
 /// Handles one client request end to end.
 pub async fn handle(
     inner: Arc<Inner>,
     req: Request<Incoming>,
-    peer: SocketAddr,
-    tls: bool,
-    worker: usize,
+    client: Arc<ClientConn>,
 ) -> Response<ProxyBody> {
     let started_at = Instant::now();
-    let started_unix_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let (parts, body) = req.into_parts();
+    let started_unix_ns = inner.sink.as_ref().map_or(0, |_| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
+    let (mut parts, body) = req.into_parts();
 
     let limit = inner.max_request_body;
     let declared = parts
@@ -237,6 +285,9 @@ pub async fn handle(
         &body,
     );
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
+    // The recorder keeps the request as the client sent it; the forwarded copy is edited.
+    let recorded_headers = inner.sink.as_ref().map(|_| parts.headers.clone());
+    let headers = forward_headers(std::mem::take(&mut parts.headers), &parts.uri, &client);
     // What the recorder learns of this exchange, for the backend that answers (or failed last).
     let exchange = |backend: &Backend| {
         exchange_start(
@@ -246,19 +297,19 @@ pub async fn handle(
             started_unix_ns,
             started_at,
             request_received_at,
-            &parts,
+            &parts.method,
+            recorded_headers.as_ref(),
             &path_and_query,
             &body,
         )
     };
 
-    let headers = forward_headers(&parts.headers, &parts.uri, peer, tls);
-    let client = inner.worker_clients.read()[worker].clone();
+    let upstream_pool = inner.worker_pools.read()[client.worker].clone();
     let retries = inner.retries.load(Ordering::Relaxed) as usize;
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = request_received_at.elapsed();
 
-    let (backend, in_flight, response, sent_at) = loop {
+    let (backend, in_flight, response, lease, sent_at) = loop {
         let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
             inner.metrics.refused(StatusCode::SERVICE_UNAVAILABLE);
             return error_response(
@@ -270,25 +321,24 @@ pub async fn handle(
         inner.metrics.decision(key_source, decision.outcome);
         let backend = pool.backends[decision.index].clone();
         let in_flight = InFlight::new(backend.clone());
-        let upstream_req =
-            match build_request(&backend, &parts.method, &path_and_query, &headers, &body) {
-                Ok(r) => r,
-                Err(e) => {
-                    inner.metrics.refused(StatusCode::BAD_REQUEST);
-                    return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e);
-                }
-            };
         let sent_at = Instant::now();
         if tried.is_empty() {
             overhead = sent_at.duration_since(request_received_at);
         }
-        match client.request(upstream_req).await {
-            Ok(resp) => break (backend, in_flight, resp, sent_at),
+        let upstream_req = build_request(&parts.method, &headers, &body);
+        match upstream_pool
+            .send(&backend.url, &path_and_query, upstream_req)
+            .await
+        {
+            Ok((resp, lease)) => break (backend, in_flight, resp, lease, sent_at),
+            Err(PoolError::Request(e)) => {
+                inner.metrics.refused(StatusCode::BAD_REQUEST);
+                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e);
+            }
             Err(e) => {
-                let kind = if e.is_connect() {
-                    ErrorKind::Connect
-                } else {
-                    ErrorKind::Send
+                let kind = match e {
+                    PoolError::Connect(_) => ErrorKind::Connect,
+                    _ => ErrorKind::Send,
                 };
                 let cause = crate::telemetry::error_chain(&e);
                 backend.metrics.error(kind);
@@ -319,8 +369,8 @@ pub async fn handle(
     health::on_response(&backend, resp_parts.status, &pool.health);
     backend.metrics.request(resp_parts.status);
     strip_hop_by_hop(&mut resp_parts.headers);
-    if let Ok(v) = HeaderValue::from_str(&backend.name) {
-        resp_parts.headers.insert("x-agentrace-backend", v);
+    if let Some(v) = &backend.name_header {
+        resp_parts.headers.insert("x-agentrace-backend", v.clone());
     }
     // An error event can be appended only to a stream without a declared length.
     let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
@@ -350,6 +400,7 @@ pub async fn handle(
         exchange: Some(Exchange {
             backend,
             _in_flight: in_flight,
+            lease,
             observer,
             sent_at,
             got_first_byte: false,
@@ -391,7 +442,8 @@ fn exchange_start(
     started_unix_ns: u128,
     started_at: Instant,
     request_received_at: Instant,
-    parts: &http::request::Parts,
+    method: &http::Method,
+    request_headers: Option<&HeaderMap>,
     path_and_query: &http::uri::PathAndQuery,
     body: &Bytes,
 ) -> ExchangeStart {
@@ -402,87 +454,66 @@ fn exchange_start(
         started_unix_ns,
         started_at,
         request_received_at,
-        method: parts.method.clone(),
+        method: method.clone(),
         path_and_query: path_and_query.as_str().to_string(),
-        request_headers: parts.headers.clone(),
+        request_headers: request_headers.cloned().unwrap_or_default(),
         request_body: body.clone(),
     }
 }
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(original: &HeaderMap, uri: &Uri, peer: SocketAddr, tls: bool) -> HeaderMap {
-    let mut h = original.clone();
+fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMap {
     strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
     let host = h.remove(header::HOST).or_else(|| {
         uri.authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
-    let proto = if tls { "https" } else { "http" };
-    let ip = peer.ip();
+    let proto = if client.tls { "https" } else { "http" };
     let xff = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip.to_string(),
+        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.ip)),
+        None => HeaderValue::from_str(&client.ip),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    if let Ok(v) = xff {
         h.insert("x-forwarded-for", v);
     }
     h.insert("x-forwarded-proto", HeaderValue::from_static(proto));
-    let for_part = if ip.is_ipv6() {
-        format!("for=\"[{ip}]\"")
-    } else {
-        format!("for={ip}")
-    };
-    let mut forwarded = format!("{for_part};proto={proto}");
-    if let Some(host) = host.as_ref().and_then(|v| v.to_str().ok()) {
-        if !h.contains_key("x-forwarded-host") {
-            if let Ok(v) = HeaderValue::from_str(host) {
-                h.insert("x-forwarded-host", v);
-            }
-        }
-        forwarded.push_str(&format!(";host=\"{host}\""));
+    let mut forwarded = String::with_capacity(96);
+    if let Some(prev) = h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        forwarded.push_str(prev);
+        forwarded.push_str(", ");
     }
-    let forwarded = match h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {forwarded}"),
-        None => forwarded,
-    };
+    forwarded.push_str(&client.forwarded_for);
+    forwarded.push_str(";proto=");
+    forwarded.push_str(proto);
+    if let Some(value) = host.filter(|v| v.to_str().is_ok()) {
+        forwarded.push_str(";host=\"");
+        forwarded.push_str(value.to_str().unwrap_or_default());
+        forwarded.push('"');
+        if !h.contains_key("x-forwarded-host") {
+            h.insert("x-forwarded-host", value);
+        }
+    }
     if let Ok(v) = HeaderValue::from_str(&forwarded) {
         h.insert(header::FORWARDED, v);
     }
     h
 }
 
-fn build_request(
-    backend: &Backend,
-    method: &http::Method,
-    path_and_query: &http::uri::PathAndQuery,
-    headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Request<Full<Bytes>>, String> {
-    let pq = if backend.url.base_path.is_empty() {
-        path_and_query.clone()
-    } else {
-        format!("{}{}", backend.url.base_path, path_and_query)
-            .parse()
-            .map_err(|e| format!("bad path: {e}"))?
-    };
-    let uri = Uri::builder()
-        .scheme(backend.url.scheme.clone())
-        .authority(backend.url.authority.clone())
-        .path_and_query(pq)
-        .build()
-        .map_err(|e| format!("bad upstream URI: {e}"))?;
+/// The upstream request; the pool sets its URI and `Host` for the backend's protocol.
+fn build_request(method: &http::Method, headers: &HeaderMap, body: &Bytes) -> Request<Full<Bytes>> {
     let mut req = Request::new(Full::new(body.clone()));
     *req.method_mut() = method.clone();
-    *req.uri_mut() = uri;
     *req.headers_mut() = headers.clone();
-    Ok(req)
+    req
 }
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
 struct Exchange {
     backend: Arc<Backend>,
     _in_flight: InFlight,
+    /// The HTTP/1.1 connection, back to the pool when the response ended cleanly.
+    lease: Option<Lease>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
     got_first_byte: bool,
@@ -492,6 +523,11 @@ struct Exchange {
 
 impl Exchange {
     fn finish(mut self, end: ExchangeEnd) {
+        if matches!(end, ExchangeEnd::Complete) {
+            if let Some(lease) = self.lease.take() {
+                lease.release();
+            }
+        }
         let now = Instant::now();
         BackendMetrics::observe(
             &self.backend.metrics.latency,
@@ -657,10 +693,9 @@ mod tests {
         h.insert("host", "proxy.local".parse().unwrap());
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         let out = forward_headers(
-            &h,
+            h,
             &Uri::from_static("/"),
-            "192.0.2.7:5000".parse().unwrap(),
-            false,
+            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
         );
         assert_eq!(out["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
         assert_eq!(

@@ -62,6 +62,12 @@ pub struct Control {
     pub cancelled: AtomicU64,
     /// Signalled on every cancellation and every written event.
     pub changed: Notify,
+    /// Connections accepted so far; each one's number is its index.
+    accepted: AtomicU64,
+    /// Connections that carried at least one non-probe request.
+    serving_connections: Mutex<std::collections::BTreeSet<u64>>,
+    /// HTTP version of the last non-probe request.
+    last_version: Mutex<Option<http::Version>>,
 }
 
 /// A running backend.
@@ -79,6 +85,32 @@ impl TestBackend {
 
     /// Starts a backend in `mode`.
     pub async fn spawn_with(name: &str, mode: Mode) -> Self {
+        Self::start(name, mode, None).await
+    }
+
+    /// Starts a JSON responder behind TLS that offers these ALPN protocols and serves HTTP/1.1
+    /// or HTTP/2 as negotiated.
+    pub async fn spawn_tls(name: &str, cert_pem: &str, key_pem: &str, alpn: &[&[u8]]) -> Self {
+        let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+            .unwrap()
+            .unwrap();
+        let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        Self::start(name, Mode::Json, Some(acceptor)).await
+    }
+
+    async fn start(name: &str, mode: Mode, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let ctl = Arc::new(Control {
@@ -92,6 +124,9 @@ impl TestBackend {
             events_written: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             changed: Notify::new(),
+            accepted: AtomicU64::new(0),
+            serving_connections: Mutex::new(Default::default()),
+            last_version: Mutex::new(None),
         });
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let c = ctl.clone();
@@ -102,11 +137,33 @@ impl TestBackend {
                     _ = &mut stopped => break,
                     Ok((stream, _)) = listener.accept() => {
                         let c = c.clone();
+                        let tls = tls.clone();
                         conns.spawn(async move {
-                            let svc = service_fn(move |req| answer(c.clone(), req));
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), svc)
-                                .await;
+                            let id = c.accepted.fetch_add(1, Ordering::SeqCst);
+                            let svc = service_fn(move |req: Request<Incoming>| {
+                                if req.uri().path() != "/health" {
+                                    c.serving_connections.lock().insert(id);
+                                    *c.last_version.lock() = Some(req.version());
+                                }
+                                answer(c.clone(), req)
+                            });
+                            match tls {
+                                None => {
+                                    let _ = hyper::server::conn::http1::Builder::new()
+                                        .serve_connection(TokioIo::new(stream), svc)
+                                        .await;
+                                }
+                                Some(acceptor) => {
+                                    let Ok(stream) = acceptor.accept(stream).await else {
+                                        return;
+                                    };
+                                    let _ = hyper_util::server::conn::auto::Builder::new(
+                                        TokioExecutor::new(),
+                                    )
+                                    .serve_connection(TokioIo::new(stream), svc)
+                                    .await;
+                                }
+                            }
                         });
                     }
                 }
@@ -143,6 +200,16 @@ impl TestBackend {
 
     pub fn probes(&self) -> u64 {
         self.ctl.probes.load(Ordering::SeqCst)
+    }
+
+    /// How many connections carried requests other than health probes.
+    pub fn serving_connections(&self) -> usize {
+        self.ctl.serving_connections.lock().len()
+    }
+
+    /// HTTP version of the last non-probe request.
+    pub fn last_version(&self) -> Option<http::Version> {
+        *self.ctl.last_version.lock()
     }
 
     /// Headers of the last non-probe request.
