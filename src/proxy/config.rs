@@ -81,7 +81,7 @@ pub struct UpstreamConfig {
     pub connect_timeout_ms: u64,
     /// Idle keep-alive connections are closed after this long.
     pub pool_idle_timeout_secs: u64,
-    /// Idle keep-alive connections kept per backend.
+    /// Idle keep-alive connections kept per backend by each forwarding worker.
     pub pool_max_idle_per_backend: usize,
     /// Retries on another backend when connecting or sending fails before any response byte.
     pub retries: u32,
