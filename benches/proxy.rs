@@ -7,7 +7,9 @@
 //! Run with `scripts/bench-proxy.sh` (or `cargo bench --bench proxy -- [flags]`). Flags:
 //! `--duration SECS` (per run, default 5), `--repeats N` (default 3, medians reported),
 //! `--loads 8,64` (connections per run), `--sse-streams N` (default 32), `--sse-interval-us N`
-//! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run).
+//! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run),
+//! `--rates 2000,8000` (open-loop request rates for the moderate-load latency table; empty
+//! to skip).
 //! Load generator, backends and proxies share the machine's cores, so req/s are noisy; the proxy
 //! CPU column (user + system time of the proxy processes per request) is the steadier figure;
 //! compare targets within one run, not across machines.
@@ -41,6 +43,7 @@ struct Args {
     sse_interval: Duration,
     rust_client: bool,
     only: Option<Vec<String>>,
+    rates: Vec<f64>,
 }
 
 fn parse_args() -> Args {
@@ -52,6 +55,7 @@ fn parse_args() -> Args {
         sse_interval: Duration::from_micros(1000),
         rust_client: false,
         only: None,
+        rates: vec![2_000.0, 8_000.0],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -73,6 +77,13 @@ fn parse_args() -> Args {
                 a.sse_interval = Duration::from_micros(value().parse().expect("--sse-interval-us"))
             }
             "--rust-client" => a.rust_client = true,
+            "--rates" => {
+                a.rates = value()
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse().expect("--rates"))
+                    .collect()
+            }
             "--only" => a.only = Some(value().split(',').map(str::to_string).collect()),
             other => panic!("unknown flag {other}"),
         }
@@ -385,6 +396,77 @@ async fn run_wrk(
     r
 }
 
+/// An open-loop HTTP/1.1 client: `conns` keep-alive connections sharing a fixed request rate,
+/// each request due at its own instant; a slow response delays (and is charged to) the
+/// requests queued behind it.
+async fn run_fixed_rate(addr: SocketAddr, rate: f64, duration: Duration) -> RunResult {
+    const CONNS: usize = 16;
+    let start = Instant::now() + Duration::from_millis(20);
+    let interval = Duration::from_secs_f64(CONNS as f64 / rate);
+    let per_conn = (duration.as_secs_f64() * rate / CONNS as f64) as u32;
+    let mut tasks = Vec::new();
+    for c in 0..CONNS {
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let offset = interval * c as u32 / CONNS as u32;
+            let (mut lat, mut errors) = (Vec::with_capacity(per_conn as usize), 0u64);
+            let mut previous_end = Instant::now();
+            for n in 0..per_conn {
+                let due = start + offset + interval * n;
+                tokio::time::sleep_until(due).await;
+                // A request queued behind a slow response is charged from its due time; one
+                // that waited on this client's timer (millisecond ticks) from when it left.
+                let t0 = if previous_end > due {
+                    due
+                } else {
+                    Instant::now()
+                };
+                let req = Request::post("/v1/chat/completions")
+                    .header("host", addr.to_string())
+                    .header("content-type", "application/json")
+                    .header(
+                        "x-session-id",
+                        format!("session-{}", (c * 7919 + n as usize) % KEYS + 1),
+                    )
+                    .body(Full::new(Bytes::from_static(CHAT_BODY.as_bytes())))
+                    .unwrap();
+                match send.send_request(req).await {
+                    Ok(resp) => {
+                        errors += u64::from(!resp.status().is_success());
+                        let _ = resp.into_body().collect().await;
+                        previous_end = Instant::now();
+                        lat.push(previous_end.duration_since(t0).as_nanos() as u64);
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    all.sort_unstable();
+    RunResult {
+        rps: all.len() as f64 / duration.as_secs_f64(),
+        p50_us: percentile(&all, 0.50) / 1e3,
+        p99_us: percentile(&all, 0.99) / 1e3,
+        errors,
+        cpu_us_per_req: f64::NAN,
+    }
+}
+
 /// A closed-loop HTTP/1.1 client: `conns` keep-alive connections, each sending the next
 /// request as soon as the previous response ended.
 async fn run_rust_client(addr: SocketAddr, conns: usize, duration: Duration) -> RunResult {
@@ -648,6 +730,51 @@ async fn run(args: Args) {
                 } else {
                     format!("{:.0}", p50 - direct_p50)
                 },
+                if cpu.is_nan() {
+                    "-".to_string()
+                } else {
+                    format!("{cpu:.1}")
+                },
+                rs.iter().map(|r| r.errors).sum::<u64>()
+            );
+        }
+    }
+
+    for &rate in &args.rates {
+        let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); targets.len()];
+        for _ in 0..args.repeats {
+            for (i, t) in targets.iter().enumerate() {
+                let cpu_before = t.cpu_seconds();
+                let mut r = run_fixed_rate(t.addr, rate, args.duration).await;
+                if let (Some(a), Some(b)) = (cpu_before, t.cpu_seconds()) {
+                    r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * args.duration.as_secs_f64());
+                }
+                results[i].push(r);
+            }
+        }
+        println!("\n{rate:.0} req/s offered (open loop, 16 connections, latency from each request's due time)");
+        println!("| target    | p50 µs | p99 µs | p50 added µs | p99 added µs | proxy CPU µs/req | errors |");
+        println!("|-----------|-------:|-------:|-------------:|-------------:|-----------------:|-------:|");
+        let d50 = median(results[0].iter().map(|r| r.p50_us).collect());
+        let d99 = median(results[0].iter().map(|r| r.p99_us).collect());
+        for (t, rs) in targets.iter().zip(&results) {
+            let p50 = median(rs.iter().map(|r| r.p50_us).collect());
+            let p99 = median(rs.iter().map(|r| r.p99_us).collect());
+            let cpu = median(rs.iter().map(|r| r.cpu_us_per_req).collect());
+            let added = |v: f64, d: f64| {
+                if t.name == "direct" {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}", v - d)
+                }
+            };
+            println!(
+                "| {:<9} | {:>6.0} | {:>6.0} | {:>12} | {:>12} | {:>16} | {:>6} |",
+                t.name,
+                p50,
+                p99,
+                added(p50, d50),
+                added(p99, d99),
                 if cpu.is_nan() {
                     "-".to_string()
                 } else {
