@@ -451,20 +451,7 @@ async fn run_fixed_rate(addr: SocketAddr, rate: f64, duration: Duration) -> RunR
             (lat, errors)
         }));
     }
-    let (mut all, mut errors) = (Vec::new(), 0);
-    for t in tasks {
-        let (l, e) = t.await.unwrap();
-        all.extend(l);
-        errors += e;
-    }
-    all.sort_unstable();
-    RunResult {
-        rps: all.len() as f64 / duration.as_secs_f64(),
-        p50_us: percentile(&all, 0.50) / 1e3,
-        p99_us: percentile(&all, 0.99) / 1e3,
-        errors,
-        cpu_us_per_req: f64::NAN,
-    }
+    gather(tasks, duration).await
 }
 
 /// A closed-loop HTTP/1.1 client: `conns` keep-alive connections, each sending the next
@@ -508,8 +495,15 @@ async fn run_rust_client(addr: SocketAddr, conns: usize, duration: Duration) -> 
             (lat, errors)
         }));
     }
-    let mut all = Vec::new();
-    let mut errors = 0;
+    gather(tasks, duration).await
+}
+
+/// Merges the connections' latencies (ns) and error counts over a run of `duration`.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<u64>, u64)>>,
+    duration: Duration,
+) -> RunResult {
+    let (mut all, mut errors) = (Vec::new(), 0);
     for t in tasks {
         let (l, e) = t.await.unwrap();
         all.extend(l);
@@ -611,6 +605,57 @@ fn event_time(event: &[u8]) -> Option<u64> {
     rest[..rest.find(',')?].parse().ok()
 }
 
+/// Runs `run` `repeats` times on every target, interleaving the targets within each repeat so
+/// background noise hits all of them; one result list per target.
+async fn each_target<R>(
+    targets: &[Target],
+    repeats: usize,
+    mut run: impl for<'a> FnMut(
+        &'a Target,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = R> + 'a>>,
+) -> Vec<Vec<R>> {
+    let mut results: Vec<Vec<R>> = targets.iter().map(|_| Vec::new()).collect();
+    for _ in 0..repeats {
+        for (i, t) in targets.iter().enumerate() {
+            results[i].push(run(t).await);
+        }
+    }
+    results
+}
+
+/// `value − direct` for a proxy; "-" for the direct target itself.
+fn added_cell(t: &Target, value: f64, direct: f64) -> String {
+    if t.name == "direct" {
+        "-".to_string()
+    } else {
+        format!("{:.0}", value - direct)
+    }
+}
+
+/// The median proxy CPU per request, "-" where it was not measurable.
+fn cpu_cell(runs: &[RunResult]) -> String {
+    let cpu = median(runs.iter().map(|r| r.cpu_us_per_req).collect());
+    if cpu.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{cpu:.1}")
+    }
+}
+
+/// Runs `run` against `t`, adding the proxy processes' CPU time per request to its result.
+async fn with_cpu(
+    t: &Target,
+    duration: Duration,
+    run: impl std::future::Future<Output = RunResult>,
+) -> RunResult {
+    let before = t.cpu_seconds();
+    let mut r = run.await;
+    if let (Some(a), Some(b)) = (before, t.cpu_seconds()) {
+        r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * duration.as_secs_f64());
+    }
+    r
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| !x.is_nan());
     if v.is_empty() {
@@ -693,21 +738,16 @@ async fn run(args: Args) {
     }
 
     for &conns in &args.loads {
-        let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); targets.len()];
-        for _ in 0..args.repeats {
-            // Interleave targets within each repeat so background noise hits all of them.
-            for (i, t) in targets.iter().enumerate() {
-                let cpu_before = t.cpu_seconds();
-                let mut r = match &wrk {
-                    Some(w) => run_wrk(w, &script, t.addr, conns, args.duration).await,
-                    None => run_rust_client(t.addr, conns, args.duration).await,
-                };
-                if let (Some(a), Some(b)) = (cpu_before, t.cpu_seconds()) {
-                    r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * args.duration.as_secs_f64());
+        let results = each_target(&targets, args.repeats, |t| {
+            let (wrk, script, duration) = (wrk.clone(), script.clone(), args.duration);
+            Box::pin(with_cpu(t, duration, async move {
+                match &wrk {
+                    Some(w) => run_wrk(w, &script, t.addr, conns, duration).await,
+                    None => run_rust_client(t.addr, conns, duration).await,
                 }
-                results[i].push(r);
-            }
-        }
+            }))
+        })
+        .await;
         println!("\n{conns} connections (closed loop)");
         println!(
             "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | proxy CPU µs/req | errors |"
@@ -718,40 +758,29 @@ async fn run(args: Args) {
         let direct_p50 = median(results[0].iter().map(|r| r.p50_us).collect());
         for (t, rs) in targets.iter().zip(&results) {
             let p50 = median(rs.iter().map(|r| r.p50_us).collect());
-            let cpu = median(rs.iter().map(|r| r.cpu_us_per_req).collect());
             println!(
                 "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>16} | {:>6} |",
                 t.name,
                 median(rs.iter().map(|r| r.rps).collect()),
                 p50,
                 median(rs.iter().map(|r| r.p99_us).collect()),
-                if t.name == "direct" {
-                    "-".to_string()
-                } else {
-                    format!("{:.0}", p50 - direct_p50)
-                },
-                if cpu.is_nan() {
-                    "-".to_string()
-                } else {
-                    format!("{cpu:.1}")
-                },
+                added_cell(t, p50, direct_p50),
+                cpu_cell(rs),
                 rs.iter().map(|r| r.errors).sum::<u64>()
             );
         }
     }
 
     for &rate in &args.rates {
-        let mut results: Vec<Vec<RunResult>> = vec![Vec::new(); targets.len()];
-        for _ in 0..args.repeats {
-            for (i, t) in targets.iter().enumerate() {
-                let cpu_before = t.cpu_seconds();
-                let mut r = run_fixed_rate(t.addr, rate, args.duration).await;
-                if let (Some(a), Some(b)) = (cpu_before, t.cpu_seconds()) {
-                    r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * args.duration.as_secs_f64());
-                }
-                results[i].push(r);
-            }
-        }
+        let duration = args.duration;
+        let results = each_target(&targets, args.repeats, |t| {
+            Box::pin(with_cpu(
+                t,
+                duration,
+                run_fixed_rate(t.addr, rate, duration),
+            ))
+        })
+        .await;
         println!("\n{rate:.0} req/s offered (open loop, 16 connections, latency from each request's due time)");
         println!("| target    | p50 µs | p99 µs | p50 added µs | p99 added µs | proxy CPU µs/req | errors |");
         println!("|-----------|-------:|-------:|-------------:|-------------:|-----------------:|-------:|");
@@ -760,26 +789,14 @@ async fn run(args: Args) {
         for (t, rs) in targets.iter().zip(&results) {
             let p50 = median(rs.iter().map(|r| r.p50_us).collect());
             let p99 = median(rs.iter().map(|r| r.p99_us).collect());
-            let cpu = median(rs.iter().map(|r| r.cpu_us_per_req).collect());
-            let added = |v: f64, d: f64| {
-                if t.name == "direct" {
-                    "-".to_string()
-                } else {
-                    format!("{:.0}", v - d)
-                }
-            };
             println!(
                 "| {:<9} | {:>6.0} | {:>6.0} | {:>12} | {:>12} | {:>16} | {:>6} |",
                 t.name,
                 p50,
                 p99,
-                added(p50, d50),
-                added(p99, d99),
-                if cpu.is_nan() {
-                    "-".to_string()
-                } else {
-                    format!("{cpu:.1}")
-                },
+                added_cell(t, p50, d50),
+                added_cell(t, p99, d99),
+                cpu_cell(rs),
                 rs.iter().map(|r| r.errors).sum::<u64>()
             );
         }
@@ -791,12 +808,11 @@ async fn run(args: Args) {
         args.sse_interval.as_micros(),
         args.duration.as_secs_f64()
     );
-    let mut sse: Vec<Vec<SseResult>> = vec![Vec::new(); targets.len()];
-    for _ in 0..args.repeats {
-        for (i, t) in targets.iter().enumerate() {
-            sse[i].push(run_sse(anchor, t.addr, args.sse_streams, args.duration).await);
-        }
-    }
+    let (streams, duration) = (args.sse_streams, args.duration);
+    let sse = each_target(&targets, args.repeats, |t| {
+        Box::pin(run_sse(anchor, t.addr, streams, duration))
+    })
+    .await;
     println!("| target    | events/s (median) | delivery p50 µs | delivery p99 µs | p50 added µs | p99 added µs |");
     println!("|-----------|------------------:|----------------:|----------------:|-------------:|-------------:|");
     let d50 = median(sse[0].iter().map(|r| r.p50_delay_us).collect());
@@ -804,21 +820,14 @@ async fn run(args: Args) {
     for (t, rs) in targets.iter().zip(&sse) {
         let p50 = median(rs.iter().map(|r| r.p50_delay_us).collect());
         let p99 = median(rs.iter().map(|r| r.p99_delay_us).collect());
-        let added = |v: f64, d: f64| {
-            if t.name == "direct" {
-                "-".to_string()
-            } else {
-                format!("{:.0}", v - d)
-            }
-        };
         println!(
             "| {:<9} | {:>17.0} | {:>15.0} | {:>15.0} | {:>12} | {:>12} |",
             t.name,
             median(rs.iter().map(|r| r.events_per_sec).collect()),
             p50,
             p99,
-            added(p50, d50),
-            added(p99, d99)
+            added_cell(t, p50, d50),
+            added_cell(t, p99, d99)
         );
     }
     for t in targets {

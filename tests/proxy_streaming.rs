@@ -31,6 +31,14 @@ fn gated_sse(events: usize) -> Mode {
     }
 }
 
+fn free_sse(events: usize) -> Mode {
+    Mode::Sse {
+        events,
+        gated: false,
+        cut_after: None,
+    }
+}
+
 /// The client sees event k while the backend is still blocked before writing event k+1.
 #[tokio::test]
 async fn sse_events_arrive_one_by_one() {
@@ -560,26 +568,11 @@ async fn headers_pass_through_except_hop_by_hop() {
 #[tokio::test]
 async fn upstream_connections_are_reused_request_after_request() {
     let a = TestBackend::spawn("a").await;
-    let sse = TestBackend::spawn_with(
-        "sse",
-        Mode::Sse {
-            events: 3,
-            gated: false,
-            cut_after: None,
-        },
-    )
-    .await;
+    let sse = TestBackend::spawn_with("sse", free_sse(3)).await;
     let proxy = start_proxy(config_for(&[&a])).await;
     let http = client();
     for i in 0..50 {
-        let (status, _, _) = fetch(
-            &http,
-            "POST",
-            &proxy.url("/v1/chat/completions"),
-            &[("x-session-id", "reuse")],
-            format!("{{\"n\":{i}}}"),
-        )
-        .await;
+        let (status, _) = chat(&http, &proxy, "reuse", format!("{{\"n\":{i}}}")).await;
         assert_eq!(status, 200);
     }
     assert_eq!(a.hits(), 50);
@@ -593,14 +586,7 @@ async fn upstream_connections_are_reused_request_after_request() {
     // Streams end with the connection reusable too.
     let proxy = start_proxy(config_for(&[&sse])).await;
     for _ in 0..10 {
-        let (status, _, body) = fetch(
-            &http,
-            "POST",
-            &proxy.url("/v1/chat/completions"),
-            &[("x-session-id", "reuse")],
-            "{\"stream\":true}",
-        )
-        .await;
+        let (status, body) = chat(&http, &proxy, "reuse", "{\"stream\":true}").await;
         assert_eq!(status, 200);
         assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     }
@@ -630,14 +616,7 @@ async fn https_backends_use_the_ca_file_and_the_negotiated_protocol() {
         let proxy = start_proxy(config).await;
         let http = client();
         for _ in 0..5 {
-            let (status, _, body) = fetch(
-                &http,
-                "POST",
-                &proxy.url("/v1/chat/completions"),
-                &[("x-session-id", "tls")],
-                "{}",
-            )
-            .await;
+            let (status, body) = chat(&http, &proxy, "tls", "{}").await;
             assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         }
         assert_eq!(backend.last_version(), Some(version));
@@ -657,18 +636,29 @@ async fn https_backends_use_the_ca_file_and_the_negotiated_protocol() {
     let mut config = config_for(&[&backend]);
     config.backends[0].url = format!("https://localhost:{}", backend.addr.port());
     let proxy = start_proxy(config).await;
-    let (status, _, body) = fetch(
-        &client(),
-        "POST",
-        &proxy.url("/v1/chat/completions"),
-        &[("x-session-id", "tls")],
-        "{}",
-    )
-    .await;
+    let (status, body) = chat(&client(), &proxy, "tls", "{}").await;
     assert_eq!(status, 502);
     assert!(String::from_utf8_lossy(&body).contains("backend tls failed"));
     assert_eq!(backend.hits(), 0);
     proxy.shutdown().await;
+}
+
+/// POSTs `body` to the proxy's chat-completions path in session `session`.
+async fn chat(
+    http: &HttpClient,
+    proxy: &TestProxy,
+    session: &str,
+    body: impl Into<Bytes>,
+) -> (http::StatusCode, Bytes) {
+    let (status, _, body) = fetch(
+        http,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", session)],
+        body,
+    )
+    .await;
+    (status, body)
 }
 
 /// On shutdown the listener stops accepting while an open stream runs to its end.
@@ -728,15 +718,7 @@ async fn h2c_ingress_is_served() {
 /// show on /metrics, and `join` leaves finished segment files.
 #[tokio::test]
 async fn capture_records_exchanges_passing_through() {
-    let sse = TestBackend::spawn_with(
-        "sse",
-        Mode::Sse {
-            events: 3,
-            gated: false,
-            cut_after: None,
-        },
-    )
-    .await;
+    let sse = TestBackend::spawn_with("sse", free_sse(3)).await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = config_for(&[&sse]);
     config.capture.enabled = true;

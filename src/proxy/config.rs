@@ -29,8 +29,8 @@ pub struct ProxyConfig {
     pub max_request_body_bytes: u64,
     /// How long in-flight requests and streams may run after SIGINT/SIGTERM before the proxy exits.
     pub shutdown_grace_secs: u64,
-    /// Forwarding threads, each with its own single-threaded runtime, accept loop and upstream
-    /// pool, so a request never hops threads (0: one per CPU core).
+    /// Forwarding threads, each with its own single-threaded runtime and upstream pool, taking
+    /// new connections from one accept loop, so a request never hops threads (0: one per core).
     pub workers: usize,
     /// Ingress TLS termination; absent means plain HTTP.
     pub tls: Option<TlsConfig>,

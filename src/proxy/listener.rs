@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
@@ -71,30 +73,27 @@ pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
 
 /// Serves connections on `workers` threads until `shutdown`, then drains them for up to `grace`.
 ///
-/// Each worker is an OS thread with a single-threaded runtime running its own accept loop on
-/// the shared socket and its own upstream pool: a request, its upstream connection and its
-/// response all stay on one thread, which saves the cross-thread wake-ups that otherwise cost
-/// more than the forwarding itself.
+/// Each worker is an OS thread with a single-threaded runtime and its own upstream pool: a
+/// request, its upstream connection and its response all stay on one thread, which saves the
+/// cross-thread wake-ups that otherwise cost more than the forwarding itself. One accept loop
+/// (on the caller's runtime) hands each new connection to the worker serving the fewest, so
+/// the load spreads evenly; workers competing on a shared socket would leave most connections
+/// with whichever worker happened to be awake.
 pub async fn serve(
-    tcp: std::net::TcpListener,
+    tcp: TcpListener,
     workers: usize,
     tls: Option<TlsAcceptor>,
     inner: Arc<Inner>,
-    shutdown: Shutdown,
+    mut shutdown: Shutdown,
     grace: Duration,
 ) {
+    let mut handoffs = Vec::new();
     let mut done = Vec::new();
     for worker in 0..workers.max(1) {
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        done.push(rx);
-        let listener = match tcp.try_clone() {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot share the listening socket with a worker");
-                continue;
-            }
-        };
+        let (handoff, connections) = mpsc::unbounded_channel::<Handoff>();
+        let (finished, finished_rx) = tokio::sync::oneshot::channel::<()>();
         let (tls, inner, shutdown) = (tls.clone(), inner.clone(), shutdown.clone());
+        let open = Arc::new(AtomicUsize::new(0));
         let spawned = std::thread::Builder::new()
             .name(format!("agentrace-proxy-{worker}"))
             .spawn(move || {
@@ -108,30 +107,89 @@ pub async fn serve(
                         return;
                     }
                 };
-                runtime.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(listener) => {
-                            accept_loop(listener, worker, tls, inner, shutdown, grace).await
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "worker cannot use the listening socket")
-                        }
-                    }
-                });
-                let _ = tx.send(());
+                runtime.block_on(worker_loop(
+                    connections,
+                    worker,
+                    tls,
+                    inner,
+                    shutdown,
+                    grace,
+                ));
+                let _ = finished.send(());
             });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start a worker thread");
+        match spawned {
+            Ok(_) => {
+                handoffs.push((handoff, open));
+                done.push(finished_rx);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
+        }
+    }
+    let mut next = 0usize;
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            accepted = tcp.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    // Fewest open connections; ties go round-robin.
+                    let n = handoffs.len();
+                    let Some(pick) = (0..n)
+                        .map(|i| (next + i) % n)
+                        .min_by_key(|&i| handoffs[i].1.load(Ordering::Relaxed))
+                    else {
+                        break;
+                    };
+                    next = (pick + 1) % n;
+                    let (handoff, open) = &handoffs[pick];
+                    let stream = match stream.into_std() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot hand a connection to a worker");
+                            continue;
+                        }
+                    };
+                    open.fetch_add(1, Ordering::Relaxed);
+                    let guard = OpenConnection(open.clone());
+                    if handoff.send(Handoff { stream, peer, guard }).is_err() {
+                        tracing::error!(worker = pick, "worker stopped; connection dropped");
+                    }
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
         }
     }
     drop(tcp);
+    drop(handoffs);
     for rx in done {
         let _ = rx.await;
     }
 }
 
-async fn accept_loop(
-    tcp: TcpListener,
+/// A connection on its way to (and then served by) a worker.
+struct Handoff {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    guard: OpenConnection,
+}
+
+/// Counts a connection open on its worker until dropped.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves the connections handed to this worker until `shutdown` (or the accept loop ends),
+/// then drains them for up to `grace`.
+async fn worker_loop(
+    mut handed: mpsc::UnboundedReceiver<Handoff>,
     worker: usize,
     tls: Option<TlsAcceptor>,
     inner: Arc<Inner>,
@@ -145,25 +203,26 @@ async fn accept_loop(
         tokio::select! {
             _ = shutdown.wait() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            accepted = tcp.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let watcher = graceful.watcher();
-                    let builder = builder.clone();
-                    let (inner, tls) = (inner.clone(), tls.clone());
-                    connections.spawn(async move {
-                        serve_connection(stream, peer, tls, builder, watcher, inner, worker).await;
-                    });
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            handoff = handed.recv() => {
+                let Some(Handoff { stream, peer, guard }) = handoff else { break };
+                let stream = match TcpStream::from_std(stream) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "worker cannot take a connection");
+                        continue;
+                    }
+                };
+                let watcher = graceful.watcher();
+                let builder = builder.clone();
+                let (inner, tls) = (inner.clone(), tls.clone());
+                connections.spawn(async move {
+                    serve_connection(stream, peer, tls, builder, watcher, inner, worker).await;
+                    drop(guard);
+                });
             }
         }
     }
-    drop(tcp);
+    drop(handed);
     let open = graceful.count();
     if open > 0 {
         tracing::info!(

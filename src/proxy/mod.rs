@@ -231,11 +231,6 @@ async fn start_inner(
     ];
     // The admin API and health checks keep running through the drain and stop after it, so
     // dropping the handle without joining leaves a fully working proxy.
-    let tcp = tcp.into_std().map_err(|source| ProxyError::Bind {
-        what: "proxy listener",
-        addr,
-        source,
-    })?;
     let listener = tokio::spawn({
         let inner = inner.clone();
         async move {
