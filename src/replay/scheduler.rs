@@ -677,25 +677,13 @@ async fn wait_until(phase: &Phase, deadline: Instant) -> bool {
     !phase.halted()
 }
 
-/// Tokio timers fire on millisecond ticks, so a plain `sleep_until` lands up to ~1 ms late.
-/// Precise pacing sleeps to 1 ms before the deadline and then yields until it, for at most
-/// 3 ms of real time (under a paused test clock the spin would never end).
+/// Waits for a send's deadline: precisely (a timer thread wakes the slot within tens of
+/// microseconds) or on tokio's millisecond ticks.
 pub async fn pace(deadline: Instant, precise: bool) {
-    const MARGIN: Duration = Duration::from_millis(1);
-    if !precise {
+    if precise {
+        crate::timing::sleep_until(deadline).await;
+    } else {
         tokio::time::sleep_until(deadline).await;
-        return;
-    }
-    if deadline > Instant::now() + MARGIN {
-        tokio::time::sleep_until(deadline - MARGIN).await;
-    }
-    let spin_start = std::time::Instant::now();
-    while Instant::now() < deadline {
-        if spin_start.elapsed() > Duration::from_millis(3) {
-            tokio::time::sleep_until(deadline).await;
-            break;
-        }
-        tokio::task::yield_now().await;
     }
 }
 

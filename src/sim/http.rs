@@ -360,7 +360,7 @@ impl Replica {
         let arrival_ns = self.clock.sim_ns(accepted);
         let overhead_ms = cfg.engine.request_overhead_ms + f.extra_delay_ms;
         let ready_ns = arrival_ns.saturating_add((overhead_ms * 1e6).round() as u64);
-        tokio::time::sleep_until(self.clock.real_at(ready_ns).max(accepted)).await;
+        crate::timing::sleep_until(self.clock.real_at(ready_ns).max(accepted)).await;
 
         if f.max_queue > 0 && self.metrics.queued.load(Relaxed) >= f.max_queue as u64 {
             return Err(HttpError {
