@@ -160,8 +160,19 @@ fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(v.to_string()).unwrap()
 }
 
+/// Which decile of delays turn `t` of conversation `c` waits: a fixed hash, so every run
+/// replays the same delays, but independent per turn. (A cycle through the ten deciles gave
+/// every conversation the same total delay per ten turns, and all users fell back into step
+/// every ~3 s: bursts of sends due together that no client can meet.)
+fn decile(c: usize, t: usize) -> usize {
+    let mut z = ((c as u64) << 32 | t as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % 10) as usize
+}
+
 /// `n` conversations of `turns` client turns, each message `msg_bytes` long; delays (when
-/// `delay_scale` > 0) cycle through approximate deciles of the public sample's delays
+/// `delay_scale` > 0) are drawn from approximate deciles of the public sample's delays
 /// (min 38 ms, median 63 ms, p90 479 ms; the top decile capped at 2 s).
 fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<Dataset> {
     const DELAYS: [f64; 10] = [
@@ -189,7 +200,7 @@ fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<
                     delay_seconds: if t == 0 {
                         0.0
                     } else {
-                        DELAYS[(c * 7 + t) % 10] * delay_scale
+                        DELAYS[decile(c, t)] * delay_scale
                     },
                     overrides: serde_json::Map::new(),
                     expected: None,
