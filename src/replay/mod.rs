@@ -317,9 +317,14 @@ pub async fn run(
 
 async fn run_phase(phase: &Arc<Phase>, concurrency: usize) -> SlotResult {
     let slots = concurrency.min(phase.budget.max(1) as usize);
+    let start = Arc::new(tokio::sync::Barrier::new(slots));
     let mut set = tokio::task::JoinSet::new();
     for slot in 0..slots {
-        set.spawn(scheduler::run_slot(phase.clone(), slot as u32));
+        set.spawn(scheduler::run_slot(
+            phase.clone(),
+            slot as u32,
+            start.clone(),
+        ));
     }
     let mut all = SlotResult::default();
     while let Some(r) = set.join_next().await {

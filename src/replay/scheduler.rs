@@ -224,10 +224,18 @@ impl Phase {
     }
 }
 
-/// Runs one slot until the budget is exhausted or issuing stops.
-pub(crate) async fn run_slot(phase: Arc<Phase>, slot: u32) -> SlotResult {
+/// Runs one slot until the budget is exhausted or issuing stops. Every slot of the phase
+/// connects first and waits at `start`, so the first wave goes out together and no slot's first
+/// request trails the replies to the others (the reference issues its whole first wave before
+/// it reads a response).
+pub(crate) async fn run_slot(
+    phase: Arc<Phase>,
+    slot: u32,
+    start: Arc<tokio::sync::Barrier>,
+) -> SlotResult {
     let mut out = SlotResult::default();
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<Conn> = phase.connector.connect().await.ok();
+    start.wait().await;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
         (phase.ns(Instant::now())) ^ ((slot as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15,
     );
