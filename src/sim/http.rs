@@ -407,9 +407,14 @@ impl Replica {
         if plan.stream {
             let (body_tx, body_rx) = mpsc::channel(STREAM_BUFFER);
             let mode = cfg.faults.mid_stream;
-            tokio::spawn(stream_reply(
+            let mut reply = Box::pin(stream_reply(
                 writer, plan.reply, first, rx, body_tx, cut_after, mode,
             ));
+            // Queue the tokens already generated before answering, so the head and the first
+            // token leave together instead of one task hand-off later.
+            if futures_util::FutureExt::now_or_never(reply.as_mut()).is_none() {
+                tokio::spawn(reply);
+            }
             let mut resp = Response::new(ChannelBody { rx: body_rx }.boxed());
             let h = resp.headers_mut();
             h.insert(
