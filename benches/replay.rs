@@ -62,7 +62,8 @@ fn main() {
             ds.conversations.len(),
             rss_kib("VmRSS") / 1024
         );
-        let (s, cpu) = measure(&target, 64, ds, |_| {}).await;
+        // A real file's recorded delays would make this a ten-minute wall-clock wait.
+        let (s, cpu) = measure(&target, 64, ds, |c| c.inject_tool_delay = false).await;
         println!(
             "[full] concurrency 64, no delays: {} turns in {:.2} s; client CPU {:.1} us/turn; peak RSS {} MiB",
             s.turns_ok,
