@@ -7,7 +7,9 @@
 //!    shape): CPU per turn and peak RSS;
 //! 2. turns/s against the instant server, and client CPU time per turn;
 //! 3. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, with and
-//!    without precise pacing.
+//!    without precise pacing;
+//! 4. per-turn TTFT and latency against the simulator's ground-truth log at time-scale 1
+//!    (the test `turn_timings_agree_with_the_simulator_ground_truth`, optimised).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -62,7 +64,8 @@ fn main() {
             ds.conversations.len(),
             rss_kib("VmRSS") / 1024
         );
-        let (s, cpu) = measure(&target, 64, ds, |_| {}).await;
+        // A real file's recorded delays would make this a ten-minute wall-clock wait.
+        let (s, cpu) = measure(&target, 64, ds, |c| c.inject_tool_delay = false).await;
         println!(
             "[full] concurrency 64, no delays: {} turns in {:.2} s; client CPU {:.1} us/turn; peak RSS {} MiB",
             s.turns_ok,
@@ -97,6 +100,8 @@ fn main() {
                 cpu * 1e6 / s.turns_ok as f64
             );
         }
+        // 4. Agreement with the simulator's ground truth at time-scale 1, in a release build.
+        ground_truth().await;
     });
     println!("load average after: {}", loadavg());
     let _ = child.kill();
@@ -127,6 +132,98 @@ async fn measure(
     let cpu = cpu_seconds() - cpu0;
     drop(trigger);
     (s, cpu)
+}
+
+/// Replays 64 turns against an in-process simulator at time-scale 1 and compares each turn's
+/// TTFT and latency with the simulator's `--trace-log` (when each token was due).
+async fn ground_truth() {
+    use agentrace::sim::{self, SimConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let mut cfg = SimConfig::from_profile(sim::DEFAULT_PROFILE).unwrap();
+    cfg.time_scale = 1.0;
+    cfg.trace_log = Some(trace.clone());
+    cfg.responder.output_tokens_min = 8;
+    cfg.responder.output_tokens_max = 40;
+    let (trigger, shutdown) = agentrace::shutdown::channel();
+    let cluster = sim::start(cfg, "127.0.0.1:0".parse().unwrap(), 1, shutdown).unwrap();
+    let target = format!("http://{}", cluster.addrs()[0]);
+    let out = dir.path().join("run");
+    let cfg = ReplayConfig {
+        target,
+        concurrency: 2,
+        progress: false,
+        ..Default::default()
+    };
+    let (_t, no_shutdown) = agentrace::shutdown::channel();
+    replay::run(cfg, synthetic(16, 4, 2_000, 0.0), &out, no_shutdown)
+        .await
+        .expect("replay");
+    trigger.fire();
+    cluster.join().await;
+
+    let lines = |p: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(p)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let mut truth: std::collections::HashMap<String, Vec<(f64, f64)>> = Default::default();
+    for v in lines(&trace) {
+        let arrival = v["arrival_s"].as_f64().unwrap();
+        truth
+            .entry(v["session"].as_str().unwrap().to_string())
+            .or_default()
+            .push((
+                (v["first_token_s"].as_f64().unwrap() - arrival) * 1e3,
+                (v["finish_s"].as_f64().unwrap() - arrival) * 1e3,
+            ));
+    }
+    let events = lines(&out.join("events.jsonl"));
+    let ts = |kind: &str, uuid: &serde_json::Value| {
+        events
+            .iter()
+            .find(|e| e["event_type"] == kind && &e["sample_uuid"] == uuid)
+            .and_then(|e| e["timestamp_ns"].as_f64())
+            .map(|t| t / 1e6)
+    };
+    let (mut ttft, mut lat) = (Vec::new(), Vec::new());
+    let mut seen: std::collections::HashMap<String, usize> = Default::default();
+    for issued in events.iter().filter(|e| e["event_type"] == "sample.issued") {
+        let sess = issued["conversation_id"].as_str().unwrap().to_string();
+        let n = seen.entry(sess.clone()).or_default();
+        let Some(&(gt_ttft, gt_lat)) = truth.get(&sess).and_then(|v| v.get(*n)) else {
+            continue;
+        };
+        *n += 1;
+        let uuid = &issued["sample_uuid"];
+        let (Some(t0), Some(first), Some(done)) = (
+            ts("sample.issued", uuid),
+            ts("sample.recv_first", uuid),
+            ts("sample.complete", uuid),
+        ) else {
+            continue;
+        };
+        ttft.push(first - t0 - gt_ttft);
+        lat.push(done - t0 - gt_lat);
+    }
+    let pct = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(((v.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "[truth] {} turns vs the simulator's ground truth at time-scale 1: TTFT +{:.3} ms p50 (p90 {:.3}, min {:.3}); latency +{:.3} ms p50 (p90 {:.3}, min {:.3})",
+        ttft.len(),
+        pct(&mut ttft, 0.5),
+        pct(&mut ttft, 0.9),
+        pct(&mut ttft, 0.0),
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.9),
+        pct(&mut lat, 0.0),
+    );
 }
 
 /// utime + stime of this process in seconds (`/proc/self/stat`, clock ticks of 10 ms).
@@ -160,8 +257,19 @@ fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(v.to_string()).unwrap()
 }
 
+/// Which decile of delays turn `t` of conversation `c` waits: a fixed hash, so every run
+/// replays the same delays, but independent per turn. (A cycle through the ten deciles gave
+/// every conversation the same total delay per ten turns, and all users fell back into step
+/// every ~3 s: bursts of sends due together that no client can meet.)
+fn decile(c: usize, t: usize) -> usize {
+    let mut z = ((c as u64) << 32 | t as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % 10) as usize
+}
+
 /// `n` conversations of `turns` client turns, each message `msg_bytes` long; delays (when
-/// `delay_scale` > 0) cycle through approximate deciles of the public sample's delays
+/// `delay_scale` > 0) are drawn from approximate deciles of the public sample's delays
 /// (min 38 ms, median 63 ms, p90 479 ms; the top decile capped at 2 s).
 fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<Dataset> {
     const DELAYS: [f64; 10] = [
@@ -189,7 +297,7 @@ fn synthetic(n: usize, turns: usize, msg_bytes: usize, delay_scale: f64) -> Arc<
                     delay_seconds: if t == 0 {
                         0.0
                     } else {
-                        DELAYS[(c * 7 + t) % 10] * delay_scale
+                        DELAYS[decile(c, t)] * delay_scale
                     },
                     overrides: serde_json::Map::new(),
                     expected: None,
@@ -238,7 +346,12 @@ fn serve() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // A deep accept queue: a thousand slots connect at once, and a connection dropped
+        // from a full queue is retried only after the 1 s SYN timeout (that second showed up
+        // as turns/s at 256 slots, with ListenOverflows and TCPSynRetrans counted by nstat).
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(4096).unwrap();
         println!("{}", listener.local_addr().unwrap());
         std::io::stdout().flush().unwrap();
         let response = instant_response();

@@ -16,6 +16,7 @@
 //! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
 //! - [`demo`]: composes the above in one process to show what affinity is worth.
 //! - [`cli`], [`shutdown`], [`telemetry`]: process edges shared by every command.
+//! - [`timing`]: sleeps that end on time, for the replayer's sends and the simulator's tokens.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
@@ -30,3 +31,4 @@ pub mod replay;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;
+pub mod timing;

@@ -43,8 +43,8 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 
 // At time-scale 1 each turn's TTFT and latency as the replayer measured them agree with the
 // simulator's own log: never below it (the client sends before the server receives and reads
-// after it writes); the first-to-last span within 1 ms at the median, TTFT and latency within
-// 1 ms plus the simulator's own timer tick.
+// after it writes); at the median, the first-to-last span within 1.5 ms and TTFT and latency
+// within 3 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turn_timings_agree_with_the_simulator_ground_truth() {
     let _serial = SERIAL.lock().await;
@@ -54,15 +54,15 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
     cfg.trace_log = Some(trace.clone());
     let (cluster, url, trigger) = start_sim(cfg);
     let ds = dataset(
-        (0..4)
-            .map(|i| conversation(&format!("gt{i}"), 3, &[], "ls"))
+        (0..8)
+            .map(|i| conversation(&format!("gt{i}"), 4, &[], "ls"))
             .collect(),
     );
     let out = dir.path().join("run");
     let s = replay::run(config(&url, 2), ds, &out, no_shutdown())
         .await
         .unwrap();
-    assert_eq!(s.turns_ok, 12);
+    assert_eq!(s.turns_ok, 32);
     trigger.fire();
     cluster.join().await;
 
@@ -109,7 +109,7 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
         lat_diff.push(lat - gt_lat);
         decode_diff.push(((lat - ttft) - (gt_lat - gt_ttft)).abs());
     }
-    assert_eq!(ttft_diff.len(), 12);
+    assert_eq!(ttft_diff.len(), 32);
     let (t50, l50, d50) = (
         percentile(ttft_diff.clone(), 50.0),
         percentile(lat_diff.clone(), 50.0),
@@ -120,20 +120,22 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
         percentile(ttft_diff, 100.0),
         percentile(lat_diff, 100.0)
     );
-    // The simulator logs when a token was due; its engine timer (tokio, 1 ms ticks) emits it up
-    // to ~1 ms later, so on a quiet machine the median is ~1 ms above the replayer's own share.
-    // Wall-clock bounds stay loose so a loaded machine passes; the figures are printed and the
-    // benchmark reports them on a quieter run.
+    // The simulator emits each token when it is due (precise sleeps, as the replayer's); what
+    // remains is the loopback and the thread wake-ups on both sides, slowest on an idle
+    // virtual machine: 1.2-2.2 ms at the median in this debug build on the 2-core machine
+    // (2.6-3.2 ms with tokio's timers in the simulator), 0.6-1.2 ms optimised (the replay
+    // benchmark's `[truth]` line); the span, 0.2-0.85 ms. The median of 32 turns keeps
+    // outliers out.
     assert!(
-        t50 < 5.0,
+        t50 < 3.0,
         "TTFT differs from ground truth by {t50} ms at the median"
     );
     assert!(
-        l50 < 5.0,
+        l50 < 3.0,
         "latency differs from ground truth by {l50} ms at the median"
     );
     assert!(
-        d50 < 5.0,
+        d50 < 1.5,
         "first-to-last span differs by {d50} ms at the median"
     );
 }

@@ -89,8 +89,9 @@ pub struct ReplayConfig {
     pub log_prompts: LogPrompts,
     /// Write `sample.recv_non_first` for every streamed event after the first.
     pub log_chunks: bool,
-    /// Sleep to 1 ms before each deadline, then yield until it. Off by default: it lowers the
-    /// median lag when the client has CPU to spare and raises the tail when it has not.
+    /// Wake each send from a timer thread (`crate::timing`) rather than on tokio's millisecond
+    /// ticks. Off by default: it lowers the median lag but costs a cross-thread wake-up per
+    /// send and does not shorten the tail when the CPU is saturated.
     pub precise_pacing: bool,
     /// Inline accuracy gate; the preset's threshold when absent.
     pub accuracy_threshold: Option<f64>,

@@ -50,6 +50,9 @@ pub enum ReplayError {
         /// The connect error.
         message: String,
     },
+    /// The runtime that runs the slots could not be started.
+    #[error("cannot start the replay runtime: {0}")]
+    Runtime(String),
     /// An output file could not be written.
     #[error("{path}: {message}")]
     Output {
@@ -244,7 +247,7 @@ pub async fn run(
 
     if config.warmup_trajectories > 0 {
         let warm = make_phase(true, config.warmup_trajectories, EventSink::disabled());
-        let _ = run_phase(&warm, config.concurrency).await;
+        run_phase(&warm, config.concurrency).await?;
     }
 
     let mut perf = make_phase(false, budget, sink.clone());
@@ -260,7 +263,7 @@ pub async fn run(
     })
     .await;
     let phase_start = Instant::now();
-    let result = run_phase(&perf, config.concurrency).await;
+    let result = run_phase(&perf, config.concurrency).await?;
     perf.stop_tracking().await;
     let wall_s = phase_start.elapsed().as_secs_f64();
     sink.send(Record::Session {
@@ -315,11 +318,66 @@ pub async fn run(
     Ok(summary)
 }
 
-async fn run_phase(phase: &Arc<Phase>, concurrency: usize) -> SlotResult {
+/// Runs the slots on a runtime of their own, built for pacing: its workers take wake-ups from
+/// the timer thread (the injection queue) and look at I/O and timers every few polls instead
+/// of every 31 and 61, so a due send waits behind fewer polls of other slots' response work,
+/// and the slots share their workers with nothing else in the process (a demo's servers).
+async fn run_phase(phase: &Arc<Phase>, concurrency: usize) -> Result<SlotResult, ReplayError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("agentrace-slot")
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
+        .event_interval(EVENT_INTERVAL)
+        .build()
+        .map_err(|e| ReplayError::Runtime(e.to_string()))?;
+    let phase = phase.clone();
+    let (mut tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("agentrace-replay".into())
+        .spawn(move || {
+            // A caller that stops waiting (its future dropped) ends the slots, as the tasks
+            // of a JoinSet would end.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime.block_on(async {
+                    tokio::select! {
+                        all = run_slots(phase, concurrency) => Some(all),
+                        _ = tx.closed() => None,
+                    }
+                })
+            }));
+            match result {
+                Ok(Some(all)) => {
+                    let _ = tx.send(Ok(all));
+                }
+                Ok(None) => {}
+                Err(panic) => {
+                    let _ = tx.send(Err(panic));
+                }
+            }
+        })
+        .map_err(|e| ReplayError::Runtime(e.to_string()))?;
+    match rx.await {
+        Ok(Ok(all)) => Ok(all),
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => Err(ReplayError::Runtime("the slot runtime stopped".into())),
+    }
+}
+
+/// How often (in polls) a slot worker takes tasks from the injection queue.
+const GLOBAL_QUEUE_INTERVAL: u32 = 4;
+/// How often (in polls) a slot worker services I/O and timers.
+const EVENT_INTERVAL: u32 = 8;
+
+async fn run_slots(phase: Arc<Phase>, concurrency: usize) -> SlotResult {
     let slots = concurrency.min(phase.budget.max(1) as usize);
+    let start = Arc::new(tokio::sync::Barrier::new(slots));
     let mut set = tokio::task::JoinSet::new();
     for slot in 0..slots {
-        set.spawn(scheduler::run_slot(phase.clone(), slot as u32));
+        set.spawn(scheduler::run_slot(
+            phase.clone(),
+            slot as u32,
+            start.clone(),
+        ));
     }
     let mut all = SlotResult::default();
     while let Some(r) = set.join_next().await {

@@ -224,10 +224,18 @@ impl Phase {
     }
 }
 
-/// Runs one slot until the budget is exhausted or issuing stops.
-pub(crate) async fn run_slot(phase: Arc<Phase>, slot: u32) -> SlotResult {
+/// Runs one slot until the budget is exhausted or issuing stops. Every slot of the phase
+/// connects first and waits at `start`, so the first wave goes out together and no slot's first
+/// request trails the replies to the others (the reference issues its whole first wave before
+/// it reads a response).
+pub(crate) async fn run_slot(
+    phase: Arc<Phase>,
+    slot: u32,
+    start: Arc<tokio::sync::Barrier>,
+) -> SlotResult {
     let mut out = SlotResult::default();
-    let mut conn: Option<Conn> = None;
+    let mut conn: Option<Conn> = phase.connector.connect().await.ok();
+    start.wait().await;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
         (phase.ns(Instant::now())) ^ ((slot as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15,
     );
@@ -677,25 +685,17 @@ async fn wait_until(phase: &Phase, deadline: Instant) -> bool {
     !phase.halted()
 }
 
-/// Tokio timers fire on millisecond ticks, so a plain `sleep_until` lands up to ~1 ms late.
-/// Precise pacing sleeps to 1 ms before the deadline and then yields until it, for at most
-/// 3 ms of real time (under a paused test clock the spin would never end).
+/// Waits for a send's deadline: precisely (a timer thread wakes the slot within tens of
+/// microseconds) or on tokio's millisecond ticks. A deadline already passed (a first turn, a
+/// slow response's follow-up) sends at once: tokio would wait for its next timer turn.
 pub async fn pace(deadline: Instant, precise: bool) {
-    const MARGIN: Duration = Duration::from_millis(1);
-    if !precise {
-        tokio::time::sleep_until(deadline).await;
+    if Instant::now() >= deadline {
         return;
     }
-    if deadline > Instant::now() + MARGIN {
-        tokio::time::sleep_until(deadline - MARGIN).await;
-    }
-    let spin_start = std::time::Instant::now();
-    while Instant::now() < deadline {
-        if spin_start.elapsed() > Duration::from_millis(3) {
-            tokio::time::sleep_until(deadline).await;
-            break;
-        }
-        tokio::task::yield_now().await;
+    if precise {
+        crate::timing::sleep_until(deadline).await;
+    } else {
+        tokio::time::sleep_until(deadline).await;
     }
 }
 

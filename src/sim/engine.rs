@@ -1,5 +1,5 @@
 //! One replica's engine: an iteration-level continuous-batching loop over the KV block pool,
-//! paced by `tokio::time` and keeping its own simulated clock.
+//! paced by precise sleeps on `tokio::time` and keeping its own simulated clock.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -240,7 +240,8 @@ impl Engine {
             let end_ns = self.now_ns + (step_ms * 1e6).round() as u64;
             let deadline = self.clock.real_at(end_ns);
             if deadline > Instant::now() {
-                tokio::time::sleep_until(deadline).await;
+                // Tokens leave when they are due, as the ground-truth log says.
+                crate::timing::sleep_until(deadline).await;
             } else {
                 tokio::task::yield_now().await;
             }

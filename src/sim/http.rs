@@ -360,7 +360,7 @@ impl Replica {
         let arrival_ns = self.clock.sim_ns(accepted);
         let overhead_ms = cfg.engine.request_overhead_ms + f.extra_delay_ms;
         let ready_ns = arrival_ns.saturating_add((overhead_ms * 1e6).round() as u64);
-        tokio::time::sleep_until(self.clock.real_at(ready_ns).max(accepted)).await;
+        crate::timing::sleep_until(self.clock.real_at(ready_ns).max(accepted)).await;
 
         if f.max_queue > 0 && self.metrics.queued.load(Relaxed) >= f.max_queue as u64 {
             return Err(HttpError {
@@ -407,9 +407,14 @@ impl Replica {
         if plan.stream {
             let (body_tx, body_rx) = mpsc::channel(STREAM_BUFFER);
             let mode = cfg.faults.mid_stream;
-            tokio::spawn(stream_reply(
+            let mut reply = Box::pin(stream_reply(
                 writer, plan.reply, first, rx, body_tx, cut_after, mode,
             ));
+            // Queue the tokens already generated before answering, so the head and the first
+            // token leave together instead of one task hand-off later.
+            if futures_util::FutureExt::now_or_never(reply.as_mut()).is_none() {
+                tokio::spawn(reply);
+            }
             let mut resp = Response::new(ChannelBody { rx: body_rx }.boxed());
             let h = resp.headers_mut();
             h.insert(
