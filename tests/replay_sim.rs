@@ -43,8 +43,7 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 
 // At time-scale 1 each turn's TTFT and latency as the replayer measured them agree with the
 // simulator's own log: never below it (the client sends before the server receives and reads
-// after it writes); at the median, the first-to-last span within 1.5 ms and TTFT and latency
-// within 3 ms.
+// after it writes), and within 1 ms at the median, as is the first-to-last span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turn_timings_agree_with_the_simulator_ground_truth() {
     let _serial = SERIAL.lock().await;
@@ -121,21 +120,18 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
         percentile(lat_diff, 100.0)
     );
     // The simulator emits each token when it is due (precise sleeps, as the replayer's); what
-    // remains is the loopback and the thread wake-ups on both sides, slowest on an idle
-    // virtual machine: 1.2-2.2 ms at the median in this debug build on the 2-core machine
-    // (2.6-3.2 ms with tokio's timers in the simulator), 0.6-1.2 ms optimised (the replay
-    // benchmark's `[truth]` line); the span, 0.2-0.85 ms. The median of 32 turns keeps
-    // outliers out.
+    // remains is the loopback and the thread wake-ups on both sides: about 0.6-0.7 ms at the
+    // median on the 2-core virtual machine. The median of 32 turns keeps outliers out.
     assert!(
-        t50 < 3.0,
+        t50 < 1.0,
         "TTFT differs from ground truth by {t50} ms at the median"
     );
     assert!(
-        l50 < 3.0,
+        l50 < 1.0,
         "latency differs from ground truth by {l50} ms at the median"
     );
     assert!(
-        d50 < 1.5,
+        d50 < 1.0,
         "first-to-last span differs by {d50} ms at the median"
     );
 }

@@ -90,8 +90,8 @@ pub struct ReplayConfig {
     /// Write `sample.recv_non_first` for every streamed event after the first.
     pub log_chunks: bool,
     /// Wake each send from a timer thread (`crate::timing`) rather than on tokio's millisecond
-    /// ticks. Off by default: it lowers the median lag but costs a cross-thread wake-up per
-    /// send and does not shorten the tail when the CPU is saturated.
+    /// ticks: the median schedule lag drops from about 1 ms to under 0.2 ms for one
+    /// cross-thread wake-up per delayed send. On by default; off saves that CPU.
     pub precise_pacing: bool,
     /// Inline accuracy gate; the preset's threshold when absent.
     pub accuracy_threshold: Option<f64>,
@@ -124,7 +124,7 @@ impl Default for ReplayConfig {
             max_duration_s: 0.0,
             log_prompts: LogPrompts::Compact,
             log_chunks: false,
-            precise_pacing: false,
+            precise_pacing: true,
             accuracy_threshold: None,
             osl_band: None,
             progress: false,
