@@ -89,9 +89,9 @@ pub struct ReplayConfig {
     pub log_prompts: LogPrompts,
     /// Write `sample.recv_non_first` for every streamed event after the first.
     pub log_chunks: bool,
-    /// Wake each send from a timer thread (`crate::timing`) rather than on tokio's millisecond
-    /// ticks: the median schedule lag drops from about 1 ms to under 0.2 ms for one
-    /// cross-thread wake-up per delayed send. On by default; off saves that CPU.
+    /// Wake each send with a kernel high-resolution timer (`crate::timing`) rather than on
+    /// tokio's millisecond ticks: the median schedule lag drops from about 1 ms to about
+    /// 0.1 ms for a few system calls per delayed send. On by default; off saves them.
     pub precise_pacing: bool,
     /// Inline accuracy gate; the preset's threshold when absent.
     pub accuracy_threshold: Option<f64>,

@@ -685,7 +685,7 @@ async fn wait_until(phase: &Phase, deadline: Instant) -> bool {
     !phase.halted()
 }
 
-/// Waits for a send's deadline: precisely (a timer thread wakes the slot within tens of
+/// Waits for a send's deadline: precisely (a kernel timer wakes the slot within tens of
 /// microseconds) or on tokio's millisecond ticks. A deadline already passed (a first turn, a
 /// slow response's follow-up) sends at once: tokio would wait for its next timer turn.
 pub async fn pace(deadline: Instant, precise: bool) {
