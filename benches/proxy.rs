@@ -258,25 +258,15 @@ async fn start_nginx(nginx: &Path, dir: &Path, backends: &[SocketAddr]) -> Targe
     );
     let conf_path = d.join("nginx.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let child = tokio::process::Command::new(nginx)
+    let mut command = tokio::process::Command::new(nginx);
+    command
         .arg("-p")
         .arg(&d)
         .arg("-c")
         .arg(&conf_path)
         .arg("-e")
-        .arg(d.join("error.log"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("nginx");
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_listening(addr, "nginx").await;
-    Target {
-        name: "nginx".into(),
-        addr,
-        _child: Some(child),
-    }
+        .arg(d.join("error.log"));
+    start_peer("nginx", command, port).await
 }
 
 async fn start_haproxy(haproxy: &Path, dir: &Path, backends: &[SocketAddr]) -> Target {
@@ -294,19 +284,23 @@ async fn start_haproxy(haproxy: &Path, dir: &Path, backends: &[SocketAddr]) -> T
     );
     let path = dir.join("haproxy.cfg");
     std::fs::write(&path, conf).unwrap();
-    let child = tokio::process::Command::new(haproxy)
-        .arg("-f")
-        .arg(&path)
-        .arg("-db")
+    let mut command = tokio::process::Command::new(haproxy);
+    command.arg("-f").arg(&path).arg("-db");
+    start_peer("haproxy", command, port).await
+}
+
+/// Starts a peer proxy configured to listen on `port` and waits until it does.
+async fn start_peer(name: &str, mut command: tokio::process::Command, port: u16) -> Target {
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .expect("haproxy");
+        .expect(name);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_listening(addr, "haproxy").await;
+    wait_listening(addr, name).await;
     Target {
-        name: "haproxy".into(),
+        name: name.into(),
         addr,
         _child: Some(child),
     }

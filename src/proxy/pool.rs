@@ -195,11 +195,11 @@ impl WorkerPool {
             slot.h2 = None;
         }
         let now = Instant::now();
-        let usable = |i: &Idle| i.send.is_ready() || i.send.is_closed();
+        let settled = |i: &Idle| i.send.is_ready() || i.send.is_closed();
         // Connections still finishing their previous response stay for a later request.
-        while let Some(pos) = slot.idle.iter().rposition(usable) {
+        while let Some(pos) = slot.idle.iter().rposition(settled) {
             let idle = slot.idle.remove(pos);
-            if !idle.send.is_closed() && now.duration_since(idle.since) <= self.idle_timeout {
+            if self.keeps(&idle, now) {
                 return Some(Sender::H1 {
                     send: idle.send,
                     reused: true,
@@ -207,6 +207,11 @@ impl WorkerPool {
             }
         }
         None
+    }
+
+    /// Whether an idle connection is still worth keeping: open, and not idle past the timeout.
+    fn keeps(&self, idle: &Idle, now: Instant) -> bool {
+        !idle.send.is_closed() && now.duration_since(idle.since) <= self.idle_timeout
     }
 
     fn check_in(&self, key: &Key, send: http1::SendRequest<Full<Bytes>>) {
@@ -275,18 +280,11 @@ impl WorkerPool {
         let now = Instant::now();
         let mut slots = self.slots.lock();
         for slot in slots.values_mut() {
-            slot.idle.retain(|i| {
-                !i.send.is_closed() && now.duration_since(i.since) <= self.idle_timeout
-            });
+            slot.idle.retain(|i| self.keeps(i, now));
             if slot.h2.as_ref().is_some_and(|h| h.is_closed()) {
                 slot.h2 = None;
             }
         }
         slots.retain(|_, s| !s.idle.is_empty() || s.h2.is_some());
-    }
-
-    /// Idle HTTP/1.1 connections held, over all backends.
-    pub fn idle_count(&self) -> usize {
-        self.slots.lock().values().map(|s| s.idle.len()).sum()
     }
 }
