@@ -564,9 +564,9 @@ async fn headers_pass_through_except_hop_by_hop() {
 }
 
 /// One client sending request after request costs the backend one connection: each response
-/// hands its upstream connection back for the next request.
+/// hands its upstream connection back for the next request, until it has idled too long.
 #[tokio::test]
-async fn upstream_connections_are_reused_request_after_request() {
+async fn upstream_connections_are_reused_until_the_idle_timeout() {
     let a = TestBackend::spawn("a").await;
     let sse = TestBackend::spawn_with("sse", free_sse(3)).await;
     let proxy = start_proxy(config_for(&[&a])).await;
@@ -591,6 +591,18 @@ async fn upstream_connections_are_reused_request_after_request() {
         assert!(String::from_utf8_lossy(&body).ends_with("data: [DONE]\n\n"));
     }
     assert_eq!(sse.serving_connections(), 1);
+    proxy.shutdown().await;
+
+    // A connection idle past `pool_idle_timeout_secs` is never reused (0: none is).
+    let b = TestBackend::spawn("b").await;
+    let mut config = config_for(&[&b]);
+    config.upstream.pool_idle_timeout_secs = 0;
+    let proxy = start_proxy(config).await;
+    for i in 0..5 {
+        let (status, _) = chat(&http, &proxy, "reuse", format!("{{\"n\":{i}}}")).await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(b.serving_connections(), 5, "a fresh connection per request");
     proxy.shutdown().await;
 }
 

@@ -79,7 +79,9 @@ pub struct AdminConfig {
 pub struct UpstreamConfig {
     /// TCP connect timeout; a connect that takes longer counts as a connect error (retried).
     pub connect_timeout_ms: u64,
-    /// Idle keep-alive connections are closed after this long.
+    /// Idle keep-alive connections are closed after this long. Below the 5 s after which
+    /// uvicorn (vLLM, SGLang, TensorRT-LLM) closes an idle connection, so a request never goes
+    /// out on a connection the server is closing at that moment.
     pub pool_idle_timeout_secs: u64,
     /// Idle keep-alive connections kept per backend by each forwarding worker.
     pub pool_max_idle_per_backend: usize,
@@ -222,7 +224,7 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         Self {
             connect_timeout_ms: 2_000,
-            pool_idle_timeout_secs: 90,
+            pool_idle_timeout_secs: 4,
             pool_max_idle_per_backend: 256,
             retries: 1,
             ca_file: None,
