@@ -8,7 +8,8 @@
 //! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
 //! shutdown lets an open stream finish; h2c works on the plain listener; upstream keep-alive
 //! connections are reused request after request; `https` backends are reached with the
-//! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles.
+//! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles; client connections spread
+//! evenly over the forwarding workers.
 
 mod support;
 
@@ -603,6 +604,51 @@ async fn upstream_connections_are_reused_until_the_idle_timeout() {
         assert_eq!(status, 200);
     }
     assert_eq!(b.serving_connections(), 5, "a fresh connection per request");
+    proxy.shutdown().await;
+}
+
+/// Each new client connection goes to the worker serving the fewest, so connections spread
+/// evenly over the workers; the per-worker gauge follows them as they open and close.
+#[tokio::test]
+async fn client_connections_spread_evenly_over_the_workers() {
+    let a = TestBackend::spawn("a").await;
+    let mut config = config_for(&[&a]);
+    config.workers = 3;
+    let proxy = start_proxy(config).await;
+    let per_worker = |metrics: &str| -> Vec<f64> {
+        (0..3)
+            .map(|w| {
+                let series = format!("agentrace_worker_connections{{worker=\"{w}\"}} ");
+                metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&series))
+                    .map_or(0.0, |v| v.parse().unwrap())
+            })
+            .collect()
+    };
+    // A client of its own per connection; each keeps its connection open once answered.
+    let mut clients = Vec::new();
+    for i in 0..9 {
+        let http = client();
+        let (status, _) = chat(&http, &proxy, &format!("s{i}"), "{}").await;
+        assert_eq!(status, 200);
+        clients.push(http);
+    }
+    assert_eq!(per_worker(&proxy.metrics().await), vec![3.0, 3.0, 3.0]);
+
+    drop(clients);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = per_worker(&proxy.metrics().await);
+        if open == vec![0.0, 0.0, 0.0] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "closed connections still counted: {open:?}"
+        );
+        tokio::task::yield_now().await;
+    }
     proxy.shutdown().await;
 }
 

@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use metrics::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -94,6 +95,7 @@ pub async fn serve(
         let (finished, finished_rx) = tokio::sync::oneshot::channel::<()>();
         let (tls, inner, shutdown) = (tls.clone(), inner.clone(), shutdown.clone());
         let open = Arc::new(AtomicUsize::new(0));
+        let gauge = inner.metrics.worker_connections(worker);
         let spawned = std::thread::Builder::new()
             .name(format!("agentrace-proxy-{worker}"))
             .spawn(move || {
@@ -119,7 +121,7 @@ pub async fn serve(
             });
         match spawned {
             Ok(_) => {
-                handoffs.push((handoff, open));
+                handoffs.push((handoff, open, gauge));
                 done.push(finished_rx);
             }
             Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
@@ -141,7 +143,7 @@ pub async fn serve(
                         break;
                     };
                     next = (pick + 1) % n;
-                    let (handoff, open) = &handoffs[pick];
+                    let (handoff, open, gauge) = &handoffs[pick];
                     let stream = match stream.into_std() {
                         Ok(s) => s,
                         Err(e) => {
@@ -149,8 +151,7 @@ pub async fn serve(
                             continue;
                         }
                     };
-                    open.fetch_add(1, Ordering::Relaxed);
-                    let guard = OpenConnection(open.clone());
+                    let guard = OpenConnection::new(open, gauge);
                     if handoff.send(Handoff { stream, peer, guard }).is_err() {
                         tracing::error!(worker = pick, "worker stopped; connection dropped");
                     }
@@ -177,12 +178,27 @@ struct Handoff {
     guard: OpenConnection,
 }
 
-/// Counts a connection open on its worker until dropped.
-struct OpenConnection(Arc<AtomicUsize>);
+/// Counts a connection open on its worker (for placement, and in the metrics) until dropped.
+struct OpenConnection {
+    open: Arc<AtomicUsize>,
+    gauge: Gauge,
+}
+
+impl OpenConnection {
+    fn new(open: &Arc<AtomicUsize>, gauge: &Gauge) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        gauge.increment(1.0);
+        Self {
+            open: open.clone(),
+            gauge: gauge.clone(),
+        }
+    }
+}
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.decrement(1.0);
     }
 }
 

@@ -185,6 +185,17 @@ impl ProxyMetrics {
         }
     }
 
+    /// Client connections open on forwarding worker `worker` (shows whether load spreads).
+    pub fn worker_connections(&self, worker: usize) -> Gauge {
+        self.recorder.register_gauge(
+            &key(
+                "agentrace_worker_connections",
+                vec![Label::new("worker", worker.to_string())],
+            ),
+            &META,
+        )
+    }
+
     /// Handles for a backend's series.
     pub fn backend(&self, name: &str) -> BackendMetrics {
         let r = &*self.recorder;
@@ -390,6 +401,11 @@ fn describe(r: &PrometheusRecorder) {
         "agentrace_proxy_overhead_seconds",
         "Time the proxy itself adds to a request.",
         2,
+    );
+    d(
+        "agentrace_worker_connections",
+        "Client connections open per forwarding worker.",
+        1,
     );
     d(
         "agentrace_config_reloads_total",
