@@ -1,13 +1,13 @@
 //! Replayer benchmark: how fast and how precisely one process drives an endpoint.
 //!
 //! `cargo bench --bench replay` (optionally `-- --dataset PATH`) spawns an instant
-//! chat-completions server in a child process (so the figures below are the replayer's alone)
-//! and measures:
+//! chat-completions server and a simulator in child processes (so the figures below are the
+//! replayer's alone) and measures:
 //! 1. a full replay of a dataset (the given file, else an in-memory stand-in of the 990-set's
 //!    shape): CPU per turn and peak RSS;
 //! 2. turns/s against the instant server, and client CPU time per turn;
-//! 3. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, with and
-//!    without precise pacing;
+//! 3. schedule lag p50/p99/max with 1,000 concurrent trajectories and delays on, against the
+//!    simulator (precise pacing) and against the instant server (with and without);
 //! 4. per-turn TTFT and latency against the simulator's ground-truth log at time-scale 1
 //!    (the test `turn_timings_agree_with_the_simulator_ground_truth`, optimised).
 
@@ -19,8 +19,16 @@ use agentrace::dataset::{ClientTurn, Conversation, Dataset, HistoryMessage, Role
 use agentrace::replay::{self, ReplayConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The binary's allocator, so the figures are those of `agentrace replay`.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--serve-sim") {
+        serve_sim();
+        return;
+    }
     if args.iter().any(|a| a == "--serve") {
         serve();
         return;
@@ -31,16 +39,7 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .map(PathBuf::from);
 
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .arg("--serve")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the instant server");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let target = format!("http://{}", line.trim());
+    let (mut child, target) = spawn_server(&["--serve"]);
     println!("instant server at {target} (child pid {})", child.id());
     println!("load average before: {}", loadavg());
 
@@ -85,12 +84,22 @@ fn main() {
                 cpu * 1e6 / s.turns_ok as f64
             );
         }
-        // 3. Schedule lag: 1,000 concurrent trajectories, delays drawn like the sample's.
-        for precise in [false, true] {
+        // 3. Schedule lag: 1,000 concurrent trajectories, delays drawn like the sample's,
+        // against the simulator (its batch steps end many streams' chunks at once, as a real
+        // engine does) and against the instant server (every answer at once, so trajectories
+        // that share a delay stay in lock-step and their sends fall due together).
+        let (mut sim, sim_target) = spawn_server(&["--serve-sim"]);
+        // Against the simulator only with precise pacing (the default): a run takes minutes.
+        let runs = [
+            ("simulator", &sim_target, true),
+            ("instant server", &target, false),
+            ("instant server", &target, true),
+        ];
+        for (server, target, precise) in runs {
             let ds = synthetic(1_000, 20, 2_000, 1.0);
-            let (s, cpu) = measure(&target, 1_000, ds, |c| c.precise_pacing = precise).await;
+            let (s, cpu) = measure(target, 1_000, ds, |c| c.precise_pacing = precise).await;
             println!(
-                "[lag] 1000 concurrent, delays on, precise_pacing {precise}: lag p50 {:.0} us p99 {:.0} us max {:.0} us (turns after a delay: p99 {:.0} us); {} turns, {:.0} turns/s, CPU {:.1} us/turn",
+                "[lag] 1000 concurrent vs the {server}, delays on, precise_pacing {precise}: lag p50 {:.0} us p99 {:.0} us max {:.0} us (turns after a delay: p99 {:.0} us); {} turns, {:.0} turns/s, CPU {:.1} us/turn",
                 s.schedule_lag_p50_us,
                 s.schedule_lag_p99_us,
                 s.schedule_lag_max_us,
@@ -100,6 +109,8 @@ fn main() {
                 cpu * 1e6 / s.turns_ok as f64
             );
         }
+        let _ = sim.kill();
+        let _ = sim.wait();
         // 4. Agreement with the simulator's ground truth at time-scale 1, in a release build.
         ground_truth().await;
     });
@@ -337,6 +348,45 @@ fn synthetic_990() -> Arc<Dataset> {
         sha256: String::new(),
         conversations: convs,
     })
+}
+
+/// Spawns this binary as a server child (`--serve` or `--serve-sim`), so the figures are
+/// the replayer's alone; returns the child and its base URL.
+fn spawn_server(args: &[&str]) -> (std::process::Child, String) {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn a server child");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let target = format!("http://{}", line.trim());
+    (child, target)
+}
+
+/// The simulator for the lag run: default profile at time-scale 0.05 (20 times a real
+/// engine's pace, so a 20,000-turn run takes seconds and the client sees more chunks per
+/// second, not fewer), 256 sequences per batch, 8–64 output tokens per turn.
+fn serve_sim() {
+    use agentrace::sim::{self, SimConfig};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut cfg = SimConfig::from_profile(sim::DEFAULT_PROFILE).unwrap();
+        cfg.time_scale = 0.05;
+        cfg.engine.max_num_seqs = 256;
+        cfg.responder.output_tokens_min = 8;
+        cfg.responder.output_tokens_max = 64;
+        let (_trigger, shutdown) = agentrace::shutdown::channel();
+        let cluster = sim::start(cfg, "127.0.0.1:0".parse().unwrap(), 1, shutdown).unwrap();
+        println!("{}", cluster.addrs()[0]);
+        std::io::stdout().flush().unwrap();
+        cluster.join().await;
+    });
 }
 
 /// The instant server: answers every chat request at once with a 16-token SSE stream.
