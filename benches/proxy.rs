@@ -628,7 +628,7 @@ fn added_cell(t: &Target, value: f64, direct: f64) -> String {
 
 /// The median proxy CPU per request, "-" where it was not measurable.
 fn cpu_cell(runs: &[RunResult]) -> String {
-    let cpu = median(runs.iter().map(|r| r.cpu_us_per_req).collect());
+    let cpu = median(runs, |r| r.cpu_us_per_req);
     if cpu.is_nan() {
         "-".to_string()
     } else {
@@ -650,8 +650,9 @@ async fn with_cpu(
     r
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| !x.is_nan());
+/// The median of `field` over the repeats of a run (NaN values left out).
+fn median<R>(runs: &[R], field: impl Fn(&R) -> f64) -> f64 {
+    let mut v: Vec<f64> = runs.iter().map(field).filter(|x| !x.is_nan()).collect();
     if v.is_empty() {
         return f64::NAN;
     }
@@ -749,15 +750,15 @@ async fn run(args: Args) {
         println!(
             "|-----------|---------------:|-------:|-------:|-----------------------:|-----------------:|-------:|"
         );
-        let direct_p50 = median(results[0].iter().map(|r| r.p50_us).collect());
+        let direct_p50 = median(&results[0], |r| r.p50_us);
         for (t, rs) in targets.iter().zip(&results) {
-            let p50 = median(rs.iter().map(|r| r.p50_us).collect());
+            let p50 = median(rs, |r| r.p50_us);
             println!(
                 "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>16} | {:>6} |",
                 t.name,
-                median(rs.iter().map(|r| r.rps).collect()),
+                median(rs, |r| r.rps),
                 p50,
-                median(rs.iter().map(|r| r.p99_us).collect()),
+                median(rs, |r| r.p99_us),
                 added_cell(t, p50, direct_p50),
                 cpu_cell(rs),
                 rs.iter().map(|r| r.errors).sum::<u64>()
@@ -778,11 +779,11 @@ async fn run(args: Args) {
         println!("\n{rate:.0} req/s offered (open loop, 16 connections, latency from each request's due time)");
         println!("| target    | p50 µs | p99 µs | p50 added µs | p99 added µs | proxy CPU µs/req | errors |");
         println!("|-----------|-------:|-------:|-------------:|-------------:|-----------------:|-------:|");
-        let d50 = median(results[0].iter().map(|r| r.p50_us).collect());
-        let d99 = median(results[0].iter().map(|r| r.p99_us).collect());
+        let d50 = median(&results[0], |r| r.p50_us);
+        let d99 = median(&results[0], |r| r.p99_us);
         for (t, rs) in targets.iter().zip(&results) {
-            let p50 = median(rs.iter().map(|r| r.p50_us).collect());
-            let p99 = median(rs.iter().map(|r| r.p99_us).collect());
+            let p50 = median(rs, |r| r.p50_us);
+            let p99 = median(rs, |r| r.p99_us);
             println!(
                 "| {:<9} | {:>6.0} | {:>6.0} | {:>12} | {:>12} | {:>16} | {:>6} |",
                 t.name,
@@ -809,15 +810,15 @@ async fn run(args: Args) {
     .await;
     println!("| target    | events/s (median) | delivery p50 µs | delivery p99 µs | p50 added µs | p99 added µs |");
     println!("|-----------|------------------:|----------------:|----------------:|-------------:|-------------:|");
-    let d50 = median(sse[0].iter().map(|r| r.p50_delay_us).collect());
-    let d99 = median(sse[0].iter().map(|r| r.p99_delay_us).collect());
+    let d50 = median(&sse[0], |r| r.p50_delay_us);
+    let d99 = median(&sse[0], |r| r.p99_delay_us);
     for (t, rs) in targets.iter().zip(&sse) {
-        let p50 = median(rs.iter().map(|r| r.p50_delay_us).collect());
-        let p99 = median(rs.iter().map(|r| r.p99_delay_us).collect());
+        let p50 = median(rs, |r| r.p50_delay_us);
+        let p99 = median(rs, |r| r.p99_delay_us);
         println!(
             "| {:<9} | {:>17.0} | {:>15.0} | {:>15.0} | {:>12} | {:>12} |",
             t.name,
-            median(rs.iter().map(|r| r.events_per_sec).collect()),
+            median(rs, |r| r.events_per_sec),
             p50,
             p99,
             added_cell(t, p50, d50),

@@ -19,6 +19,9 @@ use agentrace::dataset::{ClientTurn, Conversation, Dataset, HistoryMessage, Role
 use agentrace::replay::{self, ReplayConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "../tests/support/truth.rs"]
+mod truth;
+
 /// The binary's allocator, so the figures are those of `agentrace replay`.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -173,52 +176,15 @@ async fn ground_truth() {
     trigger.fire();
     cluster.join().await;
 
-    let lines = |p: &std::path::Path| -> Vec<serde_json::Value> {
-        std::fs::read_to_string(p)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
-    let mut truth: std::collections::HashMap<String, Vec<(f64, f64)>> = Default::default();
-    for v in lines(&trace) {
-        let arrival = v["arrival_s"].as_f64().unwrap();
-        truth
-            .entry(v["session"].as_str().unwrap().to_string())
-            .or_default()
-            .push((
-                (v["first_token_s"].as_f64().unwrap() - arrival) * 1e3,
-                (v["finish_s"].as_f64().unwrap() - arrival) * 1e3,
-            ));
-    }
-    let events = lines(&out.join("events.jsonl"));
-    let ts = |kind: &str, uuid: &serde_json::Value| {
-        events
-            .iter()
-            .find(|e| e["event_type"] == kind && &e["sample_uuid"] == uuid)
-            .and_then(|e| e["timestamp_ns"].as_f64())
-            .map(|t| t / 1e6)
-    };
-    let (mut ttft, mut lat) = (Vec::new(), Vec::new());
-    let mut seen: std::collections::HashMap<String, usize> = Default::default();
-    for issued in events.iter().filter(|e| e["event_type"] == "sample.issued") {
-        let sess = issued["conversation_id"].as_str().unwrap().to_string();
-        let n = seen.entry(sess.clone()).or_default();
-        let Some(&(gt_ttft, gt_lat)) = truth.get(&sess).and_then(|v| v.get(*n)) else {
-            continue;
-        };
-        *n += 1;
-        let uuid = &issued["sample_uuid"];
-        let (Some(t0), Some(first), Some(done)) = (
-            ts("sample.issued", uuid),
-            ts("sample.recv_first", uuid),
-            ts("sample.complete", uuid),
-        ) else {
-            continue;
-        };
-        ttft.push(first - t0 - gt_ttft);
-        lat.push(done - t0 - gt_lat);
-    }
+    let (mut ttft, mut lat): (Vec<f64>, Vec<f64>) = truth::turn_timings(&trace, &out)
+        .iter()
+        .map(|t| {
+            (
+                t.client_ttft_ms - t.server_ttft_ms,
+                t.client_latency_ms - t.server_latency_ms,
+            )
+        })
+        .unzip();
     let pct = |v: &mut Vec<f64>, q: f64| {
         v.sort_by(|a, b| a.total_cmp(b));
         v.get(((v.len().max(1) - 1) as f64 * q) as usize)

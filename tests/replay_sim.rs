@@ -66,37 +66,10 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
     trigger.fire();
     cluster.join().await;
 
-    // Ground truth per session, in order.
-    let mut truth: std::collections::HashMap<String, Vec<(f64, f64)>> = Default::default();
-    for line in std::fs::read_to_string(&trace).unwrap().lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        let arrival = v["arrival_s"].as_f64().unwrap();
-        truth
-            .entry(v["session"].as_str().unwrap().to_string())
-            .or_default()
-            .push((
-                (v["first_token_s"].as_f64().unwrap() - arrival) * 1e3,
-                (v["finish_s"].as_f64().unwrap() - arrival) * 1e3,
-            ));
-    }
-    let events = support::replay::events(&out);
-    let ts = |kind: &str, uuid: &Value| {
-        events
-            .iter()
-            .find(|e| e["event_type"] == kind && &e["sample_uuid"] == uuid)
-            .map(|e| e["timestamp_ns"].as_f64().unwrap() / 1e6)
-    };
     let (mut ttft_diff, mut lat_diff, mut decode_diff) = (Vec::new(), Vec::new(), Vec::new());
-    let mut per_session: std::collections::HashMap<String, usize> = Default::default();
-    for issued in events.iter().filter(|e| e["event_type"] == "sample.issued") {
-        let sess = issued["conversation_id"].as_str().unwrap().to_string();
-        let n = per_session.entry(sess.clone()).or_default();
-        let (gt_ttft, gt_lat) = truth[&sess][*n];
-        *n += 1;
-        let uuid = &issued["sample_uuid"];
-        let t0 = ts("sample.issued", uuid).unwrap();
-        let ttft = ts("sample.recv_first", uuid).unwrap() - t0;
-        let lat = ts("sample.complete", uuid).unwrap() - t0;
+    for t in support::truth::turn_timings(&trace, &out) {
+        let (ttft, lat) = (t.client_ttft_ms, t.client_latency_ms);
+        let (gt_ttft, gt_lat) = (t.server_ttft_ms, t.server_latency_ms);
         assert!(
             ttft >= gt_ttft - 0.01,
             "client TTFT {ttft} ms below the server's {gt_ttft} ms"

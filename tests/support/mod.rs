@@ -7,3 +7,4 @@ pub mod capture;
 pub mod dataset;
 pub mod replay;
 pub mod sim;
+pub mod truth;
