@@ -177,7 +177,11 @@ async fn client_disconnect_before_the_response_cancels_upstream() {
     )
     .await
     .2;
-    assert!(String::from_utf8_lossy(&state).contains("\"in_flight\":0"));
+    assert!(
+        String::from_utf8_lossy(&state).contains("\"in_flight\":0"),
+        "{}",
+        String::from_utf8_lossy(&state)
+    );
     proxy.shutdown().await;
 }
 

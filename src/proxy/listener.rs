@@ -1,5 +1,6 @@
-//! Listener: accepts connections (HTTP/1.1 and h2c, or TLS with ALPN h2/http1.1), serves each
-//! on its own task, and drains them within the grace period on shutdown.
+//! Listener: accepts connections and serves each on its own task: HTTP/1.1 by [`ingress`],
+//! HTTP/2 (h2c by its preface, or TLS with ALPN h2) by hyper; drains them within the grace
+//! period on shutdown.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -7,18 +8,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{Buf, Bytes, BytesMut};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use metrics::Gauge;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
-use super::{upstream, Inner, ProxyError};
+use super::{ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
 /// A TLS handshake slower than this is abandoned (a stalled client must not hold a task).
@@ -203,7 +205,8 @@ impl Drop for OpenConnection {
 }
 
 /// Serves the connections handed to this worker until `shutdown` (or the accept loop ends),
-/// then drains them for up to `grace`.
+/// then drains them for up to `grace`: idle HTTP/1.1 connections close at once, busy ones after
+/// their response, HTTP/2 ones after a GOAWAY.
 async fn worker_loop(
     mut handed: mpsc::UnboundedReceiver<Handoff>,
     worker: usize,
@@ -212,7 +215,6 @@ async fn worker_loop(
     mut shutdown: Shutdown,
     grace: Duration,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     loop {
@@ -229,17 +231,16 @@ async fn worker_loop(
                     }
                 };
                 let watcher = graceful.watcher();
-                let builder = builder.clone();
-                let (inner, tls) = (inner.clone(), tls.clone());
+                let (inner, tls, shutdown) = (inner.clone(), tls.clone(), shutdown.clone());
                 connections.spawn(async move {
-                    serve_connection(stream, peer, tls, builder, watcher, inner, worker).await;
+                    serve_connection(stream, peer, tls, watcher, inner, worker, shutdown).await;
                     drop(guard);
                 });
             }
         }
     }
     drop(handed);
-    let open = graceful.count();
+    let open = connections.len();
     if open > 0 {
         tracing::info!(
             worker,
@@ -248,10 +249,12 @@ async fn worker_loop(
             "draining connections"
         );
     }
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = tokio::time::timeout(grace, async {
+        graceful.shutdown().await;
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!(
             worker,
             grace_secs = grace.as_secs(),
@@ -262,24 +265,66 @@ async fn worker_loop(
     while connections.join_next().await.is_some() {}
 }
 
+/// What an HTTP/2 client sends first (RFC 9113 §3.4); an HTTP/1 request never starts so.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes show whether the client speaks HTTP/2 with prior knowledge;
+/// `None` if it leaves first.
+async fn sniff_h2(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<bool> {
+    loop {
+        let n = buf.len().min(H2_PREFACE.len());
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(true);
+        }
+        if !matches!(stream.read_buf(buf).await, Ok(r) if r > 0) {
+            return None;
+        }
+    }
+}
+
 async fn serve_connection(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    builder: auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     inner: Arc<Inner>,
     worker: usize,
+    mut shutdown: Shutdown,
 ) {
     let client = Arc::new(upstream::ClientConn::new(peer, tls.is_some(), worker));
-    let service = service_fn(move |req| {
+    let h2_service = {
         let (inner, client) = (inner.clone(), client.clone());
-        async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
-    });
+        service_fn(move |req| {
+            let (inner, client) = (inner.clone(), client.clone());
+            async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
+        })
+    };
+    let h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     let result = match tls {
         None => {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            watcher.watch(conn.into_owned()).await
+            let mut buf = BytesMut::with_capacity(16 * 1024);
+            let sniffed = tokio::select! {
+                sniffed = sniff_h2(&mut stream, &mut buf) => sniffed,
+                () = shutdown.wait() => return,
+            };
+            match sniffed {
+                None => return,
+                Some(false) => {
+                    ingress::serve(stream, buf, inner, client, shutdown).await;
+                    return;
+                }
+                Some(true) => {
+                    let io = Prefixed {
+                        prefix: buf.freeze(),
+                        inner: stream,
+                    };
+                    let conn = h2.serve_connection(TokioIo::new(io), h2_service);
+                    watcher.watch(conn).await
+                }
+            }
         }
         Some(acceptor) => {
             let stream =
@@ -294,11 +339,73 @@ async fn serve_connection(
                         return;
                     }
                 };
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            watcher.watch(conn.into_owned()).await
+            if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+                ingress::serve(stream, BytesMut::new(), inner, client, shutdown).await;
+                return;
+            }
+            let conn = h2.serve_connection(TokioIo::new(stream), h2_service);
+            watcher.watch(conn).await
         }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// A stream whose first bytes were already read: they are read again before the rest.
+struct Prefixed<S> {
+    prefix: Bytes,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -1,13 +1,17 @@
 //! The affinity proxy: pins each agent session to one backend and streams responses through.
 //!
-//! Stages: `listener` (accept, TLS) → `routing` (session key, rendezvous pick, bindings) →
-//! `upstream` (failover, streamed response) over `pool` (per-worker keep-alive connections) → `tap` (frame observers for the recorder);
+//! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the `h1` wire
+//! format) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
+//! streamed response) over `pool` (per-worker keep-alive connections) → `tap` (frame observers
+//! for the recorder);
 //! `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod h1;
 pub mod health;
+pub mod ingress;
 pub mod listener;
 pub mod metrics;
 pub mod pool;

@@ -1,29 +1,42 @@
-//! Pool: each forwarding worker's keep-alive connections to the backends, driven by hyper's
-//! connection-level client on the worker's own thread.
+//! Pool: each forwarding worker's keep-alive connections to the backends.
 //!
-//! A request takes an idle HTTP/1.1 connection (or shares the backend's HTTP/2 one), and the
-//! response body hands it back when it ends. Compared with a general-purpose pooled client this
-//! saves a spawned task, a shared lock and a pool-key lookup per request, which on a busy
-//! proxy is a large part of its own CPU time.
+//! An HTTP/1.1 connection is driven by the request that holds it, in that request's task: the
+//! head is written and the response head read here, and the response body ([`UpstreamBody`])
+//! reads the socket itself and hands the connection back when the body ends. A request so
+//! costs no task hand-off, channel or second HTTP state machine, which on a busy proxy was most
+//! of its own CPU time. Backends that choose HTTP/2 by ALPN share one hyper HTTP/2 connection.
 
 use std::collections::HashMap;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header;
+use bytes::{Bytes, BytesMut};
+use http::header::HeaderMap;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tower_service::Service;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 use super::config::BackendUrl;
+use super::h1::{self, BodyDecoder, Decoded, H1Error};
+use crate::http_body::BoxError;
+
+/// Bytes reserved in a read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+/// Request bodies up to this size are copied behind the head, so both go out in one write.
+const COPY_BODY_MAX: usize = 16 * 1024;
 
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
@@ -33,28 +46,25 @@ pub enum PoolError {
     Connect(String),
     /// The connection failed while the request was sent or the head awaited.
     #[error("{0}")]
-    Send(#[source] hyper::Error),
+    Send(BoxError),
     /// The request could not be put together for this backend.
     #[error("bad upstream request: {0}")]
     Request(String),
 }
 
-/// The connection a response is read from; [`Lease::release`] returns it for the next request
-/// once the body has ended, and dropping it instead closes it (an unfinished HTTP/1.1 response
-/// leaves the connection unusable, and closing it cancels the request on the backend).
-pub struct Lease {
-    send: Option<http1::SendRequest<Full<Bytes>>>,
-    key: Key,
-    pool: std::sync::Arc<WorkerPool>,
-}
-
-impl Lease {
-    /// Hands the connection back to the pool (the response body was read to its end).
-    pub fn release(mut self) {
-        if let Some(send) = self.send.take() {
-            self.pool.check_in(&self.key, send);
-        }
-    }
+/// What is forwarded: the client's request with its headers already edited for the backend
+/// (no `Host`, `Content-Length` or hop-by-hop fields).
+pub struct UpstreamRequest<'a> {
+    /// Method.
+    pub method: &'a Method,
+    /// Origin-form path and query, before the backend's base path is put in front.
+    pub path_and_query: &'a PathAndQuery,
+    /// Forwarded headers.
+    pub headers: &'a HeaderMap,
+    /// The whole body.
+    pub body: &'a Bytes,
+    /// Whether to declare the body's length (the client sent a body, or said it had one).
+    pub declare_length: bool,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -63,8 +73,104 @@ struct Key {
     authority: Authority,
 }
 
+/// A backend connection's transport.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// An HTTP/1.1 connection to a backend with its read buffer and head-writing buffer.
+struct H1Conn {
+    io: Io,
+    buf: BytesMut,
+    out: Vec<u8>,
+}
+
+impl H1Conn {
+    fn new(io: Io) -> Self {
+        Self {
+            io,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            out: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Whether an idle connection is still usable: no bytes and no close arrived while it
+    /// idled. Costs no system call unless the socket was reported readable.
+    fn still_open(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        self.buf.reserve(64);
+        matches!(
+            tokio_util::io::poll_read_buf(Pin::new(&mut self.io), &mut cx, &mut self.buf),
+            Poll::Pending
+        ) && self.buf.is_empty()
+    }
+
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        self.io.read_buf(&mut self.buf).await
+    }
+}
+
 struct Idle {
-    send: http1::SendRequest<Full<Bytes>>,
+    conn: H1Conn,
     since: Instant,
 }
 
@@ -77,56 +183,48 @@ struct Slot {
 /// One forwarding worker's connections, by backend. Only that worker's thread takes from it
 /// (the lock is uncontended); the housekeeping task reaps it from elsewhere.
 pub struct WorkerPool {
-    connector: HttpsConnector<HttpConnector>,
+    tls: TlsConnector,
+    connect_timeout: Duration,
     slots: Mutex<HashMap<Key, Slot>>,
     max_idle: usize,
     idle_timeout: Duration,
 }
 
 enum Sender {
-    H1 {
-        send: http1::SendRequest<Full<Bytes>>,
-        reused: bool,
-    },
+    H1 { conn: H1Conn, reused: bool },
     H2(http2::SendRequest<Full<Bytes>>),
 }
 
 impl WorkerPool {
-    /// A pool that connects with `connector` and keeps up to `max_idle` idle connections per
-    /// backend for at most `idle_timeout`.
+    /// A pool that connects within `connect_timeout` (TLS by `tls`, which offers h2 and
+    /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`.
     pub fn new(
-        connector: HttpsConnector<HttpConnector>,
+        tls: TlsConnector,
+        connect_timeout: Duration,
         max_idle: usize,
         idle_timeout: Duration,
     ) -> Self {
         Self {
-            connector,
+            tls,
+            connect_timeout,
             slots: Mutex::new(HashMap::new()),
             max_idle,
             idle_timeout,
         }
     }
 
-    /// Sends `req` (origin-form path, headers without `Host`) to `backend` and resolves with
-    /// the response head and the lease of an HTTP/1.1 connection (none for HTTP/2). A pooled
-    /// connection that turns out to be closed before the request left is replaced once by a
-    /// fresh one; every other failure is returned for the caller's failover.
+    /// Sends `req` to `backend` and resolves with the response head; its body streams from
+    /// the connection. A pooled connection that turns out closed before any response byte
+    /// (the backend's keep-alive timeout racing the request) is replaced once by a fresh one;
+    /// every other failure is returned for the caller's failover.
     pub async fn send(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         backend: &BackendUrl,
-        path_and_query: &PathAndQuery,
-        mut req: Request<Full<Bytes>>,
-    ) -> Result<(Response<Incoming>, Option<Lease>), PoolError> {
+        req: UpstreamRequest<'_>,
+    ) -> Result<Response<UpstreamBody>, PoolError> {
         let key = Key {
             scheme: backend.scheme.clone(),
             authority: backend.authority.clone(),
-        };
-        let pq = if backend.base_path.is_empty() {
-            path_and_query.clone()
-        } else {
-            format!("{}{}", backend.base_path, path_and_query)
-                .parse()
-                .map_err(|e| PoolError::Request(format!("bad path: {e}")))?
         };
         let mut fresh_only = false;
         loop {
@@ -135,56 +233,137 @@ impl WorkerPool {
                 None => self.connect(&key).await?,
             };
             match sender {
-                Sender::H2(mut send) => {
-                    *req.uri_mut() = Uri::builder()
-                        .scheme(key.scheme.clone())
-                        .authority(key.authority.clone())
-                        .path_and_query(pq.clone())
-                        .build()
-                        .map_err(|e| PoolError::Request(e.to_string()))?;
-                    req.headers_mut().remove(header::HOST);
-                    return match send.try_send_request(req).await {
-                        Ok(resp) => Ok((resp, None)),
-                        Err(mut e) => match e.take_message() {
-                            Some(back) if !fresh_only => {
-                                self.forget_h2(&key);
-                                req = back;
-                                fresh_only = true;
-                                continue;
-                            }
-                            _ => Err(PoolError::Send(e.into_error())),
-                        },
-                    };
-                }
-                Sender::H1 { mut send, reused } => {
-                    *req.uri_mut() = Uri::from(pq.clone());
-                    req.headers_mut().insert(header::HOST, backend.host.clone());
-                    match send.try_send_request(req).await {
-                        Ok(resp) => {
-                            let lease = Lease {
-                                send: Some(send),
-                                key,
-                                pool: self.clone(),
-                            };
-                            return Ok((resp, Some(lease)));
+                Sender::H2(send) => return self.send_h2(send, &key, backend, &req).await,
+                Sender::H1 { conn, reused } => {
+                    match self.send_h1(conn, &key, backend, &req).await {
+                        Ok(resp) => return Ok(resp),
+                        Err(Failure::Stale) if reused => fresh_only = true,
+                        Err(Failure::Stale) => {
+                            return Err(PoolError::Send(
+                                "the backend closed the connection before answering".into(),
+                            ))
                         }
-                        Err(mut e) => match e.take_message() {
-                            // The pooled connection closed before the request was written.
-                            Some(back) if reused => {
-                                req = back;
-                                fresh_only = true;
-                                continue;
-                            }
-                            _ => return Err(PoolError::Send(e.into_error())),
-                        },
+                        Err(Failure::Other(e)) => return Err(e),
                     }
                 }
             }
         }
     }
 
-    /// The most recently used idle connection that is still open and ready, or the backend's
-    /// HTTP/2 connection.
+    async fn send_h1(
+        self: &Arc<Self>,
+        mut conn: H1Conn,
+        key: &Key,
+        backend: &BackendUrl,
+        req: &UpstreamRequest<'_>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        let send_err = |e: std::io::Error| Failure::Other(PoolError::Send(Box::new(e)));
+        conn.out.clear();
+        let length = req.declare_length.then_some(req.body.len() as u64);
+        h1::put_request_head(
+            &mut conn.out,
+            req.method,
+            &[&backend.base_path, req.path_and_query.as_str()],
+            &backend.host,
+            req.headers,
+            length,
+        );
+        let written = if req.body.len() <= COPY_BODY_MAX {
+            conn.out.extend_from_slice(req.body);
+            conn.io.write_all(&conn.out).await
+        } else {
+            write_all_vectored(
+                &mut conn.io,
+                &mut [IoSlice::new(&conn.out), IoSlice::new(req.body)],
+            )
+            .await
+        };
+        match written {
+            Ok(()) => conn.io.flush().await.map_err(send_err)?,
+            // Refused outright on a pooled connection: it had been closed.
+            Err(e) if is_reset(&e) => return Err(Failure::Stale),
+            Err(e) => return Err(send_err(e)),
+        }
+        let head_request = req.method == Method::HEAD;
+        let mut received = false;
+        let head = loop {
+            match h1::parse_response(&mut conn.buf, head_request) {
+                Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(Failure::Other(PoolError::Send(
+                        "the backend switched protocols, which the proxy does not forward".into(),
+                    )))
+                }
+                // Interim responses (100, 103) are not forwarded; the final one follows.
+                Ok(Some(head)) if head.status.is_informational() => continue,
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(e) => return Err(Failure::Other(PoolError::Send(Box::new(e)))),
+            }
+            match conn.read_more().await {
+                Ok(0) if !received => return Err(Failure::Stale),
+                Ok(0) => {
+                    return Err(Failure::Other(PoolError::Send(Box::new(
+                        H1Error::Incomplete,
+                    ))))
+                }
+                Ok(_) => received = true,
+                Err(e) if !received && is_reset(&e) => return Err(Failure::Stale),
+                Err(e) => return Err(send_err(e)),
+            }
+        };
+        let mut body = H1Body {
+            conn: Some(conn),
+            decoder: BodyDecoder::new(head.framing),
+            reusable: head.keep_alive,
+            eof: false,
+            home: Some((key.clone(), self.clone())),
+        };
+        if body.decoder.is_done() {
+            body.finish();
+        }
+        let mut resp = Response::new(UpstreamBody::H1(body));
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        Ok(resp)
+    }
+
+    async fn send_h2(
+        &self,
+        mut send: http2::SendRequest<Full<Bytes>>,
+        key: &Key,
+        backend: &BackendUrl,
+        req: &UpstreamRequest<'_>,
+    ) -> Result<Response<UpstreamBody>, PoolError> {
+        let path = if backend.base_path.is_empty() {
+            req.path_and_query.clone()
+        } else {
+            format!("{}{}", backend.base_path, req.path_and_query)
+                .parse()
+                .map_err(|e| PoolError::Request(format!("bad path: {e}")))?
+        };
+        let mut request = Request::new(Full::new(req.body.clone()));
+        *request.method_mut() = req.method.clone();
+        *request.uri_mut() = Uri::builder()
+            .scheme(key.scheme.clone())
+            .authority(key.authority.clone())
+            .path_and_query(path)
+            .build()
+            .map_err(|e| PoolError::Request(e.to_string()))?;
+        *request.headers_mut() = req.headers.clone();
+        match send.send_request(request).await {
+            Ok(resp) => Ok(resp.map(UpstreamBody::H2)),
+            Err(e) => {
+                if send.is_closed() {
+                    self.forget_h2(key);
+                }
+                Err(PoolError::Send(Box::new(e)))
+            }
+        }
+    }
+
+    /// The most recently used idle connection that is still open, or the backend's HTTP/2
+    /// connection.
     fn check_out(&self, key: &Key) -> Option<Sender> {
         let mut slots = self.slots.lock();
         let slot = slots.get_mut(key)?;
@@ -195,13 +374,10 @@ impl WorkerPool {
             slot.h2 = None;
         }
         let now = Instant::now();
-        let settled = |i: &Idle| i.send.is_ready() || i.send.is_closed();
-        // Connections still finishing their previous response stay for a later request.
-        while let Some(pos) = slot.idle.iter().rposition(settled) {
-            let idle = slot.idle.remove(pos);
-            if self.keeps(&idle, now) {
+        while let Some(mut idle) = slot.idle.pop() {
+            if now.duration_since(idle.since) <= self.idle_timeout && idle.conn.still_open() {
                 return Some(Sender::H1 {
-                    send: idle.send,
+                    conn: idle.conn,
                     reused: true,
                 });
             }
@@ -209,20 +385,12 @@ impl WorkerPool {
         None
     }
 
-    /// Whether an idle connection is still worth keeping: open, and not idle past the timeout.
-    fn keeps(&self, idle: &Idle, now: Instant) -> bool {
-        !idle.send.is_closed() && now.duration_since(idle.since) <= self.idle_timeout
-    }
-
-    fn check_in(&self, key: &Key, send: http1::SendRequest<Full<Bytes>>) {
-        if send.is_closed() {
-            return;
-        }
+    fn check_in(&self, key: &Key, conn: H1Conn) {
         let mut slots = self.slots.lock();
         let slot = slots.entry(key.clone()).or_default();
         if slot.idle.len() < self.max_idle {
             slot.idle.push(Idle {
-                send,
+                conn,
                 since: Instant::now(),
             });
         }
@@ -234,57 +402,208 @@ impl WorkerPool {
         }
     }
 
-    /// Opens a connection (TLS with ALPN for `https`) and starts its task on this thread.
+    /// Opens a connection (TLS with ALPN for `https`); an HTTP/2 one gets its task on this
+    /// thread and is shared from then on.
     async fn connect(&self, key: &Key) -> Result<Sender, PoolError> {
-        let uri = Uri::builder()
-            .scheme(key.scheme.clone())
-            .authority(key.authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| PoolError::Request(e.to_string()))?;
-        let mut connector = self.connector.clone();
-        let stream = connector
-            .call(uri)
-            .await
-            .map_err(|e| PoolError::Connect(crate::telemetry::error_chain(&*e)))?;
-        let h2 = stream.connected().is_negotiated_h2();
-        let io = stream;
-        let handshake_err = |e: hyper::Error| PoolError::Connect(crate::telemetry::error_chain(&e));
-        if h2 {
-            let (send, conn) = http2::handshake(TokioExecutor::new(), io)
+        let https = key.scheme == Scheme::HTTPS;
+        let host = key.authority.host();
+        let port = key
+            .authority
+            .port_u16()
+            .unwrap_or(if https { 443 } else { 80 });
+        let bare_host = host.trim_start_matches('[').trim_end_matches(']');
+        let timeout_ms = self.connect_timeout.as_millis();
+        let tcp =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect((bare_host, port)))
                 .await
-                .map_err(handshake_err)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            {
+                Ok(Ok(tcp)) => tcp,
+                Ok(Err(e)) => return Err(PoolError::Connect(format!("tcp connect error: {e}"))),
+                Err(_) => {
+                    return Err(PoolError::Connect(format!(
+                        "tcp connect timed out after {timeout_ms} ms"
+                    )))
                 }
-            });
-            self.slots.lock().entry(key.clone()).or_default().h2 = Some(send.clone());
-            Ok(Sender::H2(send))
-        } else {
-            let (send, conn) = http1::handshake(io).await.map_err(handshake_err)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-            });
-            Ok(Sender::H1 {
-                send,
+            };
+        let _ = tcp.set_nodelay(true);
+        if !https {
+            return Ok(Sender::H1 {
+                conn: H1Conn::new(Io::Plain(tcp)),
                 reused: false,
-            })
+            });
         }
+        let name = rustls::pki_types::ServerName::try_from(bare_host.to_string())
+            .map_err(|e| PoolError::Connect(format!("invalid TLS server name {bare_host}: {e}")))?;
+        let tls =
+            match tokio::time::timeout(self.connect_timeout, self.tls.connect(name, tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return Err(PoolError::Connect(format!("TLS handshake: {e}"))),
+                Err(_) => {
+                    return Err(PoolError::Connect(format!(
+                        "TLS handshake timed out after {timeout_ms} ms"
+                    )))
+                }
+            };
+        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Ok(Sender::H1 {
+                conn: H1Conn::new(Io::Tls(Box::new(tls))),
+                reused: false,
+            });
+        }
+        let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .map_err(|e| PoolError::Connect(crate::telemetry::error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        self.slots.lock().entry(key.clone()).or_default().h2 = Some(send.clone());
+        Ok(Sender::H2(send))
     }
 
-    /// Drops connections idle for longer than the timeout or closed by the backend.
+    /// Drops connections idle for longer than the timeout and closed HTTP/2 connections.
     pub fn reap(&self) {
         let now = Instant::now();
         let mut slots = self.slots.lock();
         for slot in slots.values_mut() {
-            slot.idle.retain(|i| self.keeps(i, now));
+            slot.idle
+                .retain(|i| now.duration_since(i.since) <= self.idle_timeout);
             if slot.h2.as_ref().is_some_and(|h| h.is_closed()) {
                 slot.h2 = None;
             }
         }
         slots.retain(|_, s| !s.idle.is_empty() || s.h2.is_some());
+    }
+}
+
+/// How an HTTP/1.1 attempt failed.
+enum Failure {
+    /// The connection was closed before any response byte: retry on a fresh one if pooled.
+    Stale,
+    Other(PoolError),
+}
+
+fn is_reset(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
+}
+
+/// Writes every byte of `bufs`, in as few system calls as the socket allows.
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = io.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// A backend's response body, read from its connection as the client takes it.
+pub enum UpstreamBody {
+    /// An HTTP/1.1 body decoded from the connection this request holds.
+    H1(H1Body),
+    /// A stream of a shared HTTP/2 connection.
+    H2(Incoming),
+}
+
+/// An HTTP/1.1 response body that owns its connection: when the body ends cleanly on a
+/// keep-alive connection, the connection goes back to the pool; dropped before that, the
+/// connection closes, which cancels the request on the backend.
+pub struct H1Body {
+    conn: Option<H1Conn>,
+    decoder: BodyDecoder,
+    reusable: bool,
+    eof: bool,
+    home: Option<(Key, Arc<WorkerPool>)>,
+}
+
+impl H1Body {
+    fn finish(&mut self) {
+        let (Some(conn), Some((key, pool))) = (self.conn.take(), self.home.take()) else {
+            return;
+        };
+        // Bytes past the body mean the backend broke framing: never reuse such a connection.
+        if self.reusable && conn.buf.is_empty() {
+            pool.check_in(&key, conn);
+        }
+    }
+
+    fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match self.decoder.decode(&mut conn.buf, self.eof) {
+                Ok(Decoded::Data(data)) => {
+                    if self.decoder.is_done() {
+                        self.finish();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(Decoded::Done) => {
+                    self.finish();
+                    return Poll::Ready(None);
+                }
+                Ok(Decoded::NeedMore) => {}
+                Err(e) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+            }
+            if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
+                conn.buf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) => self.eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    self.conn = None;
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+            }
+        }
+    }
+}
+
+impl HttpBody for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            UpstreamBody::H1(b) => b.poll_data(cx),
+            UpstreamBody::H2(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::H1(b) => b.conn.is_none(),
+            UpstreamBody::H2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::H1(b) if b.conn.is_none() => SizeHint::with_exact(0),
+            UpstreamBody::H1(b) => match b.decoder.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::new(),
+            },
+            UpstreamBody::H2(b) => b.size_hint(),
+        }
     }
 }

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::health;
 use super::metrics::{BackendMetrics, ErrorKind};
-use super::pool::{Lease, PoolError, WorkerPool};
+use super::pool::{PoolError, UpstreamBody, UpstreamRequest, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
@@ -41,21 +41,43 @@ pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamCli
         .build(build_connector(cfg, any_https)?))
 }
 
-/// A forwarding worker's connection pool, with [`build_connector`]'s connections.
+/// A forwarding worker's connection pool, connecting with [`tls_client_config`] for `https`.
 pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+    let mut tls = tls_client_config(cfg, any_https)?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(WorkerPool::new(
-        build_connector(cfg, any_https)?,
+        tokio_rustls::TlsConnector::from(Arc::new(tls)),
+        Duration::from_millis(cfg.connect_timeout_ms),
         cfg.pool_max_idle_per_backend,
         Duration::from_secs(cfg.pool_idle_timeout_secs),
     ))
 }
 
-/// Builds the connector: TCP with the connect timeout, then rustls (ring) with the configured
-/// CA file or the platform roots for `https` backends, offering h2 and http/1.1 by ALPN.
-pub fn build_connector(
+/// The connector of health probes: TCP with the connect timeout, then
+/// [`tls_client_config`] for `https` backends, offering h2 and http/1.1 by ALPN.
+fn build_connector(
     cfg: &UpstreamConfig,
     any_https: bool,
 ) -> Result<HttpsConnector<HttpConnector>, ProxyError> {
+    let tls = tls_client_config(cfg, any_https)?;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http))
+}
+
+/// rustls (ring) trusting the configured CA file, or the platform roots when a backend is
+/// `https` and no file is set.
+fn tls_client_config(
+    cfg: &UpstreamConfig,
+    any_https: bool,
+) -> Result<rustls::ClientConfig, ProxyError> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(path) = &cfg.ca_file {
         let tls_err = |reason: String| ProxyError::Tls {
@@ -87,21 +109,11 @@ pub fn build_connector(
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ProxyError::Internal(format!("rustls: {e}")))?
         .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http))
+        .with_no_client_auth())
 }
 
 /// Hop-by-hop headers never forwarded (RFC 9110 §7.6.1), plus `host` (rebuilt from the
@@ -203,6 +215,31 @@ impl Drop for InFlight {
     }
 }
 
+pin_project! {
+    /// An upstream attempt counted in flight on its backend. Fields drop in order, so an
+    /// abandoned attempt stops counting before its connection closes: a backend that has seen
+    /// the cancel never finds the proxy still counting the request.
+    struct Counted<F> {
+        in_flight: Option<InFlight>,
+        #[pin]
+        send: F,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Counted<F> {
+    type Output = (F::Output, InFlight);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.send.poll(cx));
+        let in_flight = this
+            .in_flight
+            .take()
+            .expect("Counted polled after completion");
+        Poll::Ready((out, in_flight))
+    }
+}
+
 /// What every request of one client connection shares: who the client is, as the forwarded
 /// headers say it (formatted once per connection), and which worker serves it.
 pub struct ClientConn {
@@ -233,20 +270,37 @@ impl ClientConn {
     }
 }
 
-/// Handles one client request end to end.
+/// When a request started: a monotonic instant, and wall-clock nanoseconds for the recorder.
+#[derive(Debug, Clone, Copy)]
+pub struct Started {
+    at: Instant,
+    unix_ns: u128,
+}
+
+impl Started {
+    /// Now; the wall clock is read only when a recorder will want it.
+    pub fn now(inner: &Inner) -> Self {
+        let unix_ns = inner.sink.as_ref().map_or(0, |_| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        });
+        Self {
+            at: Instant::now(),
+            unix_ns,
+        }
+    }
+}
+
+/// Handles one request that hyper parsed (HTTP/2 ingress): reads its body within the limit,
+/// then [`forward`]s it.
 pub async fn handle(
     inner: Arc<Inner>,
     req: Request<Incoming>,
     client: Arc<ClientConn>,
 ) -> Response<ProxyBody> {
-    let started_at = Instant::now();
-    let started_unix_ns = inner.sink.as_ref().map_or(0, |_| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    });
-    let (mut parts, body) = req.into_parts();
-
+    let started = Started::now(&inner);
+    let (parts, body) = req.into_parts();
     let limit = inner.max_request_body;
     let declared = parts
         .headers
@@ -260,16 +314,28 @@ pub async fn handle(
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&inner, limit),
         Err(e) => {
-            inner.metrics.refused(StatusCode::BAD_REQUEST);
-            return error_response(
+            return refuse(
+                &inner,
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 &format!("could not read the request body: {e}"),
-            );
+            )
         }
     };
-    let request_received_at = Instant::now();
+    forward(&inner, Request::from_parts(parts, body), &client, started).await
+}
 
+/// Forwards one whole request: routes it by its session key, sends it with failover before
+/// the first response byte, and answers with the backend's response, whose body streams
+/// through frame by frame while the metrics and the recorder watch it.
+pub async fn forward(
+    inner: &Arc<Inner>,
+    req: Request<Bytes>,
+    client: &ClientConn,
+    started: Started,
+) -> Response<ProxyBody> {
+    let request_received_at = Instant::now();
+    let (mut parts, body) = req.into_parts();
     let pool = inner.router.pool();
     let path_and_query = parts
         .uri
@@ -287,15 +353,17 @@ pub async fn handle(
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
     // The recorder keeps the request as the client sent it; the forwarded copy is edited.
     let recorded_headers = inner.sink.as_ref().map(|_| parts.headers.clone());
-    let headers = forward_headers(std::mem::take(&mut parts.headers), &parts.uri, &client);
+    let declare_length = !body.is_empty()
+        || parts.headers.contains_key(header::CONTENT_LENGTH)
+        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let headers = forward_headers(std::mem::take(&mut parts.headers), &parts.uri, client);
     // What the recorder learns of this exchange, for the backend that answers (or failed last).
     let exchange = |backend: &Backend| {
         exchange_start(
             &key,
             key_source,
             backend,
-            started_unix_ns,
-            started_at,
+            started,
             request_received_at,
             &parts.method,
             recorded_headers.as_ref(),
@@ -309,10 +377,10 @@ pub async fn handle(
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = request_received_at.elapsed();
 
-    let (backend, in_flight, response, lease, sent_at) = loop {
+    let (backend, in_flight, response, sent_at) = loop {
         let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
-            inner.metrics.refused(StatusCode::SERVICE_UNAVAILABLE);
-            return error_response(
+            return refuse(
+                inner,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no_backend",
                 "no backend is available",
@@ -320,22 +388,27 @@ pub async fn handle(
         };
         inner.metrics.decision(key_source, decision.outcome);
         let backend = pool.backends[decision.index].clone();
-        let in_flight = InFlight::new(backend.clone());
         let sent_at = Instant::now();
         if tried.is_empty() {
             overhead = sent_at.duration_since(request_received_at);
         }
-        let upstream_req = build_request(&parts.method, &headers, &body);
-        match upstream_pool
-            .send(&backend.url, &path_and_query, upstream_req)
-            .await
-        {
-            Ok((resp, lease)) => break (backend, in_flight, resp, lease, sent_at),
-            Err(PoolError::Request(e)) => {
-                inner.metrics.refused(StatusCode::BAD_REQUEST);
-                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &e);
+        let request = UpstreamRequest {
+            method: &parts.method,
+            path_and_query: &path_and_query,
+            headers: &headers,
+            body: &body,
+            declare_length,
+        };
+        let attempt = Counted {
+            in_flight: Some(InFlight::new(backend.clone())),
+            send: upstream_pool.send(&backend.url, request),
+        };
+        match attempt.await {
+            (Ok(resp), in_flight) => break (backend, in_flight, resp, sent_at),
+            (Err(PoolError::Request(e)), _) => {
+                return refuse(inner, StatusCode::BAD_REQUEST, "invalid_request_error", &e);
             }
-            Err(e) => {
+            (Err(e), _) => {
                 let kind = match e {
                     PoolError::Connect(_) => ErrorKind::Connect,
                     _ => ErrorKind::Send,
@@ -354,8 +427,8 @@ pub async fn handle(
                     let observer = sink.start(exchange(&backend));
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
                 }
-                inner.metrics.refused(StatusCode::BAD_GATEWAY);
-                return error_response(
+                return refuse(
+                    inner,
                     StatusCode::BAD_GATEWAY,
                     "upstream_error",
                     &format!("backend {} failed: {cause}", backend.name),
@@ -385,7 +458,7 @@ pub async fn handle(
         observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
         observer
     });
-    // For a body of known length (a plain JSON answer), wait for its first frame before
+    // For a body of known length (a plain JSON answer), take its first frame before
     // answering: it is normally in the same packet as the head, and the client then gets head
     // and body in one write instead of two. Streams (no length) are answered at once.
     let mut incoming = incoming;
@@ -400,7 +473,6 @@ pub async fn handle(
         exchange: Some(Exchange {
             backend,
             _in_flight: in_flight,
-            lease,
             observer,
             sent_at,
             got_first_byte: false,
@@ -425,9 +497,21 @@ pub async fn handle(
     Response::from_parts(resp_parts, ProxyBody::Upstream(Box::new(observed)))
 }
 
-fn too_large(inner: &Inner, limit: u64) -> Response<ProxyBody> {
-    inner.metrics.refused(StatusCode::PAYLOAD_TOO_LARGE);
-    error_response(
+/// A request answered by the proxy itself, counted by status.
+pub fn refuse(
+    inner: &Inner,
+    status: StatusCode,
+    kind: &'static str,
+    message: &str,
+) -> Response<ProxyBody> {
+    inner.metrics.refused(status);
+    error_response(status, kind, message)
+}
+
+/// The answer to a request body over `max_request_body_bytes`.
+pub fn too_large(inner: &Inner, limit: u64) -> Response<ProxyBody> {
+    refuse(
+        inner,
         StatusCode::PAYLOAD_TOO_LARGE,
         "request_too_large",
         &format!("request body exceeds max_request_body_bytes ({limit})"),
@@ -439,8 +523,7 @@ fn exchange_start(
     key: &Option<super::routing::SessionKey>,
     key_source: KeySource,
     backend: &Backend,
-    started_unix_ns: u128,
-    started_at: Instant,
+    started: Started,
     request_received_at: Instant,
     method: &http::Method,
     request_headers: Option<&HeaderMap>,
@@ -451,8 +534,8 @@ fn exchange_start(
         session_key: key.as_ref().map(|k| k.text.clone()),
         key_source,
         backend: backend.name.to_string(),
-        started_unix_ns,
-        started_at,
+        started_unix_ns: started.unix_ns,
+        started_at: started.at,
         request_received_at,
         method: method.clone(),
         path_and_query: path_and_query.as_str().to_string(),
@@ -465,6 +548,8 @@ fn exchange_start(
 fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMap {
     strip_hop_by_hop(&mut h);
     h.remove(header::EXPECT);
+    // The pool declares the length of the body it sends.
+    h.remove(header::CONTENT_LENGTH);
     let host = h.remove(header::HOST).or_else(|| {
         uri.authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
@@ -500,20 +585,10 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
     h
 }
 
-/// The upstream request; the pool sets its URI and `Host` for the backend's protocol.
-fn build_request(method: &http::Method, headers: &HeaderMap, body: &Bytes) -> Request<Full<Bytes>> {
-    let mut req = Request::new(Full::new(body.clone()));
-    *req.method_mut() = method.clone();
-    *req.headers_mut() = headers.clone();
-    req
-}
-
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
 struct Exchange {
     backend: Arc<Backend>,
     _in_flight: InFlight,
-    /// The HTTP/1.1 connection, back to the pool when the response ended cleanly.
-    lease: Option<Lease>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
     got_first_byte: bool,
@@ -523,11 +598,6 @@ struct Exchange {
 
 impl Exchange {
     fn finish(mut self, end: ExchangeEnd) {
-        if matches!(end, ExchangeEnd::Complete) {
-            if let Some(lease) = self.lease.take() {
-                lease.release();
-            }
-        }
         let now = Instant::now();
         BackendMetrics::observe(
             &self.backend.metrics.latency,
@@ -554,11 +624,12 @@ pin_project! {
     /// it (client gone) drops the upstream body, which closes that upstream connection and so
     /// cancels the request on the backend.
     pub struct ObservedBody {
-        #[pin]
-        inner: Incoming,
-        // A frame read ahead of the head (bodies of known length), forwarded first.
-        pending: Option<Result<Frame<Bytes>, hyper::Error>>,
+        // First, so that dropped early it ends the exchange before the connection closes.
         exchange: Option<Exchange>,
+        // A frame read ahead of the head (bodies of known length), forwarded first.
+        pending: Option<Result<Frame<Bytes>, BoxError>>,
+        #[pin]
+        inner: UpstreamBody,
     }
 }
 
@@ -617,7 +688,7 @@ impl HttpBody for ObservedBody {
             }
             Some(Err(e)) => {
                 let mut exchange = this.exchange.take().expect("checked above");
-                let cause = crate::telemetry::error_chain(&e);
+                let cause = crate::telemetry::error_chain(&*e);
                 exchange.backend.metrics.error(ErrorKind::Stream);
                 tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
                 let sse = exchange.sse;

@@ -1,0 +1,813 @@
+//! HTTP/1.1 wire format of the forwarding path: request and response heads parsed (httparse)
+//! into `http` types whose values point into the read buffer, heads written back out in one
+//! buffer, and bodies decoded incrementally (length, chunked, or until close) so a streamed
+//! body passes through piece by piece as it arrives.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Uri, Version};
+
+/// The largest request or response head accepted (larger: 431, or an upstream error).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// The most header fields in one head.
+const MAX_HEADERS: usize = 128;
+/// The longest chunk-size or trailer line.
+const MAX_LINE: usize = 4096;
+
+/// What is wrong with a message on the wire.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    /// The head does not parse as HTTP/1.x.
+    #[error("malformed HTTP/1 head: {0}")]
+    Parse(#[from] httparse::Error),
+    /// The head is longer than [`MAX_HEAD`].
+    #[error("HTTP head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    /// A part of the head is not valid for `http` (method, target, header name or value).
+    #[error("invalid {0} in the HTTP head")]
+    Invalid(&'static str),
+    /// Content-Length and Transfer-Encoding disagree or do not parse.
+    #[error("invalid message framing: {0}")]
+    Framing(&'static str),
+    /// A chunked body is malformed.
+    #[error("malformed chunked body")]
+    Chunked,
+    /// The peer closed the connection before the message ended.
+    #[error("connection closed before the message ended")]
+    Incomplete,
+}
+
+/// How a message body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the connection closes (responses only).
+    UntilClose,
+}
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    /// Method.
+    pub method: Method,
+    /// Request target as sent (origin form, normally).
+    pub uri: Uri,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// Header fields, values sharing the read buffer.
+    pub headers: HeaderMap,
+    /// How the body is delimited.
+    pub framing: Framing,
+    /// Whether the client wants the connection kept open after this exchange.
+    pub keep_alive: bool,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Status code.
+    pub status: StatusCode,
+    /// HTTP/1.0 or HTTP/1.1.
+    pub version: Version,
+    /// Header fields.
+    pub headers: HeaderMap,
+    /// How the body is delimited.
+    pub framing: Framing,
+    /// Whether the server keeps the connection open after this response.
+    pub keep_alive: bool,
+}
+
+/// Where each header name and value lies in the head, so the head can be split off the
+/// buffer (while httparse borrows it) and then sliced without copying.
+type Spans = Vec<(usize, usize, usize, usize)>;
+
+fn span_of(base: &[u8], part: &[u8]) -> (usize, usize) {
+    (part.as_ptr() as usize - base.as_ptr() as usize, part.len())
+}
+
+fn header_map(head: &Bytes, spans: &Spans) -> Result<HeaderMap, H1Error> {
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    for &(name_at, name_len, value_at, value_len) in spans {
+        let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
+            .map_err(|_| H1Error::Invalid("header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
+            .map_err(|_| H1Error::Invalid("header value"))?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+fn version_of(minor: Option<u8>) -> Version {
+    match minor {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    }
+}
+
+/// Parses a request head from the front of `buf`, removing it; `None` until it is complete.
+pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
+        Err(e) => return Err(e.into()),
+    };
+    let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
+        .map_err(|_| H1Error::Invalid("method"))?;
+    let target = span_of(buf, req.path.unwrap_or_default().as_bytes());
+    let version = version_of(req.version);
+    let spans: Spans = req
+        .headers
+        .iter()
+        .map(|h| {
+            let (n, nl) = span_of(buf, h.name.as_bytes());
+            let (v, vl) = span_of(buf, h.value);
+            (n, nl, v, vl)
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
+        .map_err(|_| H1Error::Invalid("request target"))?;
+    let headers = header_map(&head, &spans)?;
+    let framing = request_framing(&headers)?;
+    let keep_alive = keeps_alive(version, &headers);
+    Ok(Some(RequestHead {
+        method,
+        uri,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// Parses a response head from the front of `buf`, removing it; `None` until it is complete.
+/// `head_request` says the request was `HEAD`, whose response has no body.
+pub fn parse_response(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<ResponseHead>, H1Error> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
+        Err(e) => return Err(e.into()),
+    };
+    let status = StatusCode::from_u16(resp.code.unwrap_or_default())
+        .map_err(|_| H1Error::Invalid("status code"))?;
+    let version = version_of(resp.version);
+    let spans: Spans = resp
+        .headers
+        .iter()
+        .map(|h| {
+            let (n, nl) = span_of(buf, h.name.as_bytes());
+            let (v, vl) = span_of(buf, h.value);
+            (n, nl, v, vl)
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+    let headers = header_map(&head, &spans)?;
+    let framing = response_framing(status, &headers, head_request)?;
+    let keep_alive = keeps_alive(version, &headers) && framing != Framing::UntilClose;
+    Ok(Some(ResponseHead {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// Whether the `Connection` header lists `token` (case-insensitively).
+pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    if version == Version::HTTP_10 {
+        connection_has(headers, "keep-alive")
+    } else {
+        !connection_has(headers, "close")
+    }
+}
+
+/// The declared length: every `Content-Length` value must agree (RFC 9112 §6.3).
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, H1Error> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                return Err(H1Error::Framing("content-length is not a number"));
+            }
+            let n: u64 = std::str::from_utf8(part)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or(H1Error::Framing("content-length is too large"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(H1Error::Framing("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Whether `Transfer-Encoding` ends in `chunked`; `None` without the header.
+fn chunked_last(headers: &HeaderMap) -> Option<bool> {
+    let mut last = None;
+    for value in headers.get_all(header::TRANSFER_ENCODING) {
+        for coding in value.as_bytes().split(|&b| b == b',') {
+            let coding = coding.trim_ascii();
+            if !coding.is_empty() {
+                last = Some(coding.eq_ignore_ascii_case(b"chunked"));
+            }
+        }
+    }
+    last
+}
+
+fn request_framing(headers: &HeaderMap) -> Result<Framing, H1Error> {
+    match chunked_last(headers) {
+        // Both headers is how requests are smuggled past a proxy: refuse it.
+        Some(_) if headers.contains_key(header::CONTENT_LENGTH) => Err(H1Error::Framing(
+            "both transfer-encoding and content-length",
+        )),
+        Some(true) => Ok(Framing::Chunked),
+        Some(false) => Err(H1Error::Framing("transfer-encoding other than chunked")),
+        None => Ok(match content_length(headers)? {
+            Some(0) | None => Framing::Empty,
+            Some(n) => Framing::Length(n),
+        }),
+    }
+}
+
+fn response_framing(
+    status: StatusCode,
+    headers: &HeaderMap,
+    head_request: bool,
+) -> Result<Framing, H1Error> {
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    Ok(match chunked_last(headers) {
+        Some(true) => Framing::Chunked,
+        Some(false) => Framing::UntilClose,
+        None => match content_length(headers)? {
+            Some(0) => Framing::Empty,
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
+        },
+    })
+}
+
+/// Appends `name: value\r\n` for every header.
+fn put_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn put_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// Writes an HTTP/1.1 request head: `target` is the origin-form path, `host` the backend's,
+/// `headers` the forwarded ones (without `Host`, `Content-Length` or hop-by-hop fields).
+pub fn put_request_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &[&str],
+    host: &HeaderValue,
+    headers: &HeaderMap,
+    content_length: Option<u64>,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    for part in target {
+        out.extend_from_slice(part.as_bytes());
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    put_headers(out, headers);
+    if let Some(n) = content_length {
+        out.extend_from_slice(b"content-length: ");
+        put_decimal(out, n);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response body is sent to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutFraming {
+    /// No body on the wire (HEAD, 204, 304), or one whose `Content-Length` is in the headers.
+    AsIs,
+    /// Chunked transfer coding (an HTTP/1.1 client, length unknown).
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client, length unknown).
+    Close,
+}
+
+/// Writes a response head; `close` adds `Connection: close`, `keep_alive_10` the
+/// `Connection: keep-alive` an HTTP/1.0 client needs to keep the connection.
+pub fn put_response_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    framing: OutFraming,
+    close: bool,
+    keep_alive_10: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    put_headers(out, headers);
+    if framing == OutFraming::Chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if keep_alive_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes `Content-Length` into `headers` form (for bodies of known size without the header).
+pub fn length_value(n: u64) -> HeaderValue {
+    let mut out = Vec::with_capacity(20);
+    put_decimal(&mut out, n);
+    HeaderValue::from_bytes(&out).expect("digits are a valid header value")
+}
+
+/// Appends the chunk-size line of a chunk of `len` bytes.
+pub fn put_chunk_size(out: &mut Vec<u8>, len: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = len;
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 15];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The end of a chunked body (no trailers).
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// What one decoding step produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// A piece of body data, split off the buffer.
+    Data(Bytes),
+    /// The buffer holds no more of the body yet: read more.
+    NeedMore,
+    /// The body is complete.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers,
+}
+
+/// Decodes a body of a given framing from the front of a read buffer, leaving whatever
+/// follows it (the next pipelined message) in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyDecoder {
+    state: State,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+    Done,
+}
+
+impl BodyDecoder {
+    /// A decoder for a body framed as `framing`.
+    pub fn new(framing: Framing) -> Self {
+        let state = match framing {
+            Framing::Empty | Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::Chunked(Chunk::Size),
+            Framing::UntilClose => State::UntilClose,
+        };
+        Self { state }
+    }
+
+    /// True once the whole body has been decoded.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// The body bytes still expected, when the framing says.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Decodes the next piece from `buf`; `eof` says the peer has closed (so `buf` is all
+    /// there will be).
+    pub fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, H1Error> {
+        match self.state {
+            State::Done => Ok(Decoded::Done),
+            State::Length(_) | State::Chunked(_) if buf.is_empty() && eof => {
+                Err(H1Error::Incomplete)
+            }
+            State::Length(n) => {
+                if buf.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                let take = n.min(buf.len() as u64);
+                self.state = match n - take {
+                    0 => State::Done,
+                    rest => State::Length(rest),
+                };
+                Ok(Decoded::Data(buf.split_to(take as usize).freeze()))
+            }
+            State::UntilClose if !buf.is_empty() => Ok(Decoded::Data(buf.split().freeze())),
+            State::UntilClose if eof => {
+                self.state = State::Done;
+                Ok(Decoded::Done)
+            }
+            State::UntilClose => Ok(Decoded::NeedMore),
+            State::Chunked(chunk) => match self.chunked_step(chunk, buf)? {
+                Some(decoded) => Ok(decoded),
+                None if self.is_done() => Ok(Decoded::Done),
+                None if eof => Err(H1Error::Incomplete),
+                None => Ok(Decoded::NeedMore),
+            },
+        }
+    }
+
+    /// Advances the chunked state as far as `buf` allows; `Some` when data is produced.
+    fn chunked_step(
+        &mut self,
+        mut chunk: Chunk,
+        buf: &mut BytesMut,
+    ) -> Result<Option<Decoded>, H1Error> {
+        loop {
+            match chunk {
+                Chunk::Size => {
+                    let Some(line) = take_line(buf)? else {
+                        break;
+                    };
+                    let size = line
+                        .split(|&b| b == b';')
+                        .next()
+                        .unwrap_or_default()
+                        .trim_ascii();
+                    if size.is_empty() || size.len() > 15 {
+                        return Err(H1Error::Chunked);
+                    }
+                    let n = size.iter().try_fold(0u64, |acc, &b| {
+                        (b as char).to_digit(16).map(|d| acc << 4 | u64::from(d))
+                    });
+                    chunk = match n.ok_or(H1Error::Chunked)? {
+                        0 => Chunk::Trailers,
+                        n => Chunk::Data(n),
+                    };
+                }
+                Chunk::Data(n) => {
+                    if buf.is_empty() {
+                        break;
+                    }
+                    let take = n.min(buf.len() as u64);
+                    let data = buf.split_to(take as usize).freeze();
+                    self.state = State::Chunked(if take == n {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(n - take)
+                    });
+                    return Ok(Some(Decoded::Data(data)));
+                }
+                Chunk::DataEnd => {
+                    let Some(line) = take_line(buf)? else {
+                        break;
+                    };
+                    if !line.is_empty() {
+                        return Err(H1Error::Chunked);
+                    }
+                    chunk = Chunk::Size;
+                }
+                Chunk::Trailers => {
+                    let Some(line) = take_line(buf)? else {
+                        break;
+                    };
+                    if line.is_empty() {
+                        self.state = State::Done;
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        self.state = State::Chunked(chunk);
+        Ok(None)
+    }
+}
+
+/// Takes one line (without its CRLF or bare LF) off the front of `buf`; `None` until a whole
+/// line is there.
+fn take_line(buf: &mut BytesMut) -> Result<Option<Bytes>, H1Error> {
+    match memchr::memchr(b'\n', buf) {
+        Some(end) => {
+            let mut line = buf.split_to(end + 1);
+            line.truncate(end);
+            if line.last() == Some(&b'\r') {
+                line.truncate(end - 1);
+            }
+            Ok(Some(line.freeze()))
+        }
+        None if buf.len() > MAX_LINE => Err(H1Error::Chunked),
+        None => Ok(None),
+    }
+}
+
+/// Decodes a whole body from `buf` as far as it goes, appending the data to `out`.
+pub fn decode_into(
+    decoder: &mut BodyDecoder,
+    buf: &mut BytesMut,
+    out: &mut BytesMut,
+) -> Result<bool, H1Error> {
+    loop {
+        match decoder.decode(buf, false)? {
+            Decoded::Data(d) => out.extend_from_slice(&d),
+            Decoded::NeedMore => return Ok(false),
+            Decoded::Done => return Ok(true),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(s: &str) -> BytesMut {
+        BytesMut::from(s.as_bytes())
+    }
+
+    #[test]
+    fn request_head_is_parsed_and_the_rest_left_for_the_body() {
+        let mut b = buf("POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: a\r\nX-Session-ID: s1\r\ncontent-length: 2\r\n\r\n{}GET");
+        let head = parse_request(&mut b).unwrap().unwrap();
+        assert_eq!(head.method, Method::POST);
+        assert_eq!(head.uri.path(), "/v1/chat/completions");
+        assert_eq!(head.uri.query(), Some("x=1"));
+        assert_eq!(head.headers["x-session-id"], "s1");
+        assert_eq!(head.framing, Framing::Length(2));
+        assert!(head.keep_alive);
+        assert_eq!(&b[..], b"{}GET");
+    }
+
+    #[test]
+    fn partial_heads_wait_and_oversized_ones_fail() {
+        let mut b = buf("GET / HTTP/1.1\r\nHost: a\r\n");
+        assert!(parse_request(&mut b).unwrap().is_none());
+        assert_eq!(b.len(), 25, "nothing consumed");
+        let mut big = buf("GET / HTTP/1.1\r\nx-big: ");
+        big.extend_from_slice(&vec![b'a'; MAX_HEAD + 1]);
+        assert!(matches!(
+            parse_request(&mut big),
+            Err(H1Error::HeadTooLarge)
+        ));
+    }
+
+    #[test]
+    fn smuggling_shaped_framing_is_refused() {
+        let both = "POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(matches!(
+            parse_request(&mut buf(both)),
+            Err(H1Error::Framing(_))
+        ));
+        let conflict = "POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n";
+        assert!(matches!(
+            parse_request(&mut buf(conflict)),
+            Err(H1Error::Framing(_))
+        ));
+        let gzip = "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n";
+        assert!(matches!(
+            parse_request(&mut buf(gzip)),
+            Err(H1Error::Framing(_))
+        ));
+        let signed = "POST / HTTP/1.1\r\ncontent-length: +3\r\n\r\n";
+        assert!(matches!(
+            parse_request(&mut buf(signed)),
+            Err(H1Error::Framing(_))
+        ));
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection_header() {
+        let h10 = parse_request(&mut buf("GET / HTTP/1.0\r\n\r\n"))
+            .unwrap()
+            .unwrap();
+        assert!(!h10.keep_alive);
+        let h10ka = parse_request(&mut buf("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"))
+            .unwrap()
+            .unwrap();
+        assert!(h10ka.keep_alive);
+        let close = parse_request(&mut buf("GET / HTTP/1.1\r\nconnection: foo, close\r\n\r\n"))
+            .unwrap()
+            .unwrap();
+        assert!(!close.keep_alive);
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let parse = |s: &str, head: bool| parse_response(&mut buf(s), head).unwrap().unwrap();
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", false).framing,
+            Framing::Length(5)
+        );
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", true).framing,
+            Framing::Empty
+        );
+        assert_eq!(
+            parse("HTTP/1.1 204 No Content\r\n\r\n", false).framing,
+            Framing::Empty
+        );
+        assert_eq!(
+            parse(
+                "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+                false
+            )
+            .framing,
+            Framing::Empty
+        );
+        let chunked = parse(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        );
+        assert_eq!(chunked.framing, Framing::Chunked);
+        assert!(chunked.keep_alive);
+        let until_close = parse("HTTP/1.1 200 OK\r\n\r\n", false);
+        assert_eq!(until_close.framing, Framing::UntilClose);
+        assert!(
+            !until_close.keep_alive,
+            "a close-delimited body ends the connection"
+        );
+        assert!(!parse("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false).keep_alive);
+    }
+
+    #[test]
+    fn chunked_bodies_decode_piece_by_piece_across_reads() {
+        let wire = "5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\ntrailer: x\r\n\r\nNEXT";
+        // Feed the body one byte at a time: the data must come out whole and in order.
+        let mut decoder = BodyDecoder::new(Framing::Chunked);
+        let mut b = BytesMut::new();
+        let mut out = Vec::new();
+        let mut done = false;
+        for (i, byte) in wire.bytes().enumerate() {
+            if done {
+                b.extend_from_slice(&wire.as_bytes()[i..]);
+                break;
+            }
+            b.extend_from_slice(&[byte]);
+            loop {
+                match decoder.decode(&mut b, false).unwrap() {
+                    Decoded::Data(d) => out.extend_from_slice(&d),
+                    Decoded::NeedMore => break,
+                    Decoded::Done => {
+                        done = true;
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(done && decoder.is_done());
+        assert_eq!(out, b"hello, world");
+        assert_eq!(&b[..], b"NEXT", "the next message stays in the buffer");
+    }
+
+    #[test]
+    fn truncated_and_malformed_bodies_are_errors() {
+        let mut d = BodyDecoder::new(Framing::Length(10));
+        let mut b = buf("12345");
+        assert_eq!(
+            d.decode(&mut b, false).unwrap(),
+            Decoded::Data(Bytes::from_static(b"12345"))
+        );
+        assert!(matches!(d.decode(&mut b, true), Err(H1Error::Incomplete)));
+        let mut c = BodyDecoder::new(Framing::Chunked);
+        assert!(matches!(
+            c.decode(&mut buf("zz\r\n"), false),
+            Err(H1Error::Chunked)
+        ));
+        let mut c = BodyDecoder::new(Framing::Chunked);
+        assert!(matches!(
+            c.decode(&mut buf("3\r\nabcX\r\n"), false),
+            Ok(Decoded::Data(_))
+        ));
+        assert!(matches!(
+            c.decode(&mut buf("X\r\n"), false),
+            Err(H1Error::Chunked)
+        ));
+        let mut c = BodyDecoder::new(Framing::Chunked);
+        assert!(matches!(
+            c.decode(&mut buf("3\r\nab"), true),
+            Ok(Decoded::Data(_))
+        ));
+        assert!(matches!(
+            c.decode(&mut BytesMut::new(), true),
+            Err(H1Error::Incomplete)
+        ));
+        let mut u = BodyDecoder::new(Framing::UntilClose);
+        assert!(matches!(
+            u.decode(&mut buf("abc"), false),
+            Ok(Decoded::Data(_))
+        ));
+        assert_eq!(u.decode(&mut BytesMut::new(), true).unwrap(), Decoded::Done);
+    }
+
+    #[test]
+    fn heads_are_written_in_wire_form() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-session-id", HeaderValue::from_static("s1"));
+        let mut out = Vec::new();
+        put_request_head(
+            &mut out,
+            &Method::POST,
+            &["/base", "/v1/chat/completions"],
+            &HeaderValue::from_static("10.0.0.1:8000"),
+            &headers,
+            Some(1234),
+        );
+        assert_eq!(
+            out,
+            b"POST /base/v1/chat/completions HTTP/1.1\r\nhost: 10.0.0.1:8000\r\nx-session-id: s1\r\ncontent-length: 1234\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        put_response_head(
+            &mut out,
+            StatusCode::OK,
+            &headers,
+            OutFraming::Chunked,
+            true,
+            false,
+        );
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\nx-session-id: s1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        let mut size = Vec::new();
+        put_chunk_size(&mut size, 0x1a2f);
+        assert_eq!(size, b"1a2f\r\n");
+        assert_eq!(length_value(0), "0");
+        assert_eq!(
+            length_value(18_446_744_073_709_551_615),
+            "18446744073709551615"
+        );
+    }
+}

@@ -1,0 +1,366 @@
+//! Ingress: one HTTP/1.1 client connection (plain or TLS), served in its own task. Each
+//! request is read whole, handed to [`upstream::forward`], and its response written as the
+//! body arrives. While the backend works, the connection is still read, so a client that
+//! hangs up takes the upstream request down with it.
+
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
+use super::pool::write_all_vectored;
+use super::upstream::{self, ClientConn, ProxyBody, Started};
+use super::Inner;
+use crate::shutdown::Shutdown;
+
+/// Bytes reserved in the read buffer before each read.
+const READ_CHUNK: usize = 16 * 1024;
+/// Body frames up to this size are copied behind their framing, so both go out in one write.
+const COPY_MAX: usize = 16 * 1024;
+/// After refusing a request whose body is left unread, how long the rest of it is read and
+/// dropped, so that closing does not reset the connection before the client reads the answer.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Serves HTTP/1.1 requests on `io` until the client closes, asks to close, or `shutdown`
+/// fires while the connection is idle; `buf` holds bytes already read from it.
+pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    io: S,
+    buf: BytesMut,
+    inner: Arc<Inner>,
+    client: Arc<ClientConn>,
+    mut shutdown: Shutdown,
+) {
+    let mut conn = Conn {
+        io,
+        buf,
+        out: Vec::with_capacity(4096),
+    };
+    while let Next::KeepAlive = conn.exchange(&inner, &client, &mut shutdown).await {}
+    let _ = conn.io.shutdown().await;
+}
+
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// Why a request body could not be read.
+enum BodyError {
+    TooLarge,
+    Malformed(H1Error),
+    Closed,
+}
+
+struct Conn<S> {
+    io: S,
+    /// Bytes read and not yet parsed (the rest of a request, or the next pipelined one).
+    buf: BytesMut,
+    /// The response bytes being put together for the next write.
+    out: Vec<u8>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        self.io.read_buf(&mut self.buf).await
+    }
+
+    /// Resolves once the client has hung up; bytes it sends meanwhile (a pipelined request)
+    /// are kept for later. Stops watching once the buffer holds a whole head's worth.
+    async fn hung_up(&mut self) {
+        loop {
+            if self.buf.len() >= h1::MAX_HEAD {
+                std::future::pending::<()>().await;
+            }
+            if !matches!(self.read_more().await, Ok(n) if n > 0) {
+                return;
+            }
+        }
+    }
+
+    async fn write_out(&mut self) -> std::io::Result<()> {
+        self.io.write_all(&self.out).await?;
+        self.io.flush().await?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Reads, forwards and answers one request.
+    async fn exchange(
+        &mut self,
+        inner: &Arc<Inner>,
+        client: &ClientConn,
+        shutdown: &mut Shutdown,
+    ) -> Next {
+        let head = loop {
+            match h1::parse_request(&mut self.buf) {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(e) => {
+                    let status = match e {
+                        H1Error::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        _ => StatusCode::BAD_REQUEST,
+                    };
+                    return self.refuse(inner, status, &e.to_string()).await;
+                }
+            }
+            let idle = self.buf.is_empty();
+            let read = tokio::select! {
+                read = self.read_more() => read,
+                () = shutdown.wait(), if idle => return Next::Close,
+            };
+            if !matches!(read, Ok(n) if n > 0) {
+                return Next::Close;
+            }
+        };
+        let started = Started::now(inner);
+        let limit = inner.max_request_body;
+        let body = match self.read_body(&head, limit).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) => {
+                let answer = upstream::too_large(inner, limit);
+                self.respond(answer, false, head.version, false).await;
+                self.linger().await;
+                return Next::Close;
+            }
+            Err(BodyError::Malformed(e)) => {
+                return self
+                    .refuse(inner, StatusCode::BAD_REQUEST, &e.to_string())
+                    .await
+            }
+            Err(BodyError::Closed) => return Next::Close,
+        };
+        let RequestHead {
+            method,
+            uri,
+            version,
+            headers,
+            keep_alive,
+            ..
+        } = head;
+        let head_request = method == Method::HEAD;
+        let mut req = Request::new(body);
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = version;
+        *req.headers_mut() = headers;
+        let response = {
+            let forwarding = upstream::forward(inner, req, client, started);
+            tokio::pin!(forwarding);
+            tokio::select! {
+                biased;
+                response = &mut forwarding => response,
+                // Dropping the forwarding future closes the upstream connection.
+                () = self.hung_up() => return Next::Close,
+            }
+        };
+        let keep = keep_alive && !shutdown.is_fired();
+        self.respond(response, head_request, version, keep).await
+    }
+
+    /// Reads the request body whole, within `limit` bytes.
+    async fn read_body(&mut self, head: &RequestHead, limit: u64) -> Result<Bytes, BodyError> {
+        let expects_continue = head.version == Version::HTTP_11
+            && head
+                .headers
+                .get(header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        match head.framing {
+            Framing::Empty | Framing::UntilClose => Ok(Bytes::new()),
+            Framing::Length(n) => {
+                if n > limit {
+                    return Err(BodyError::TooLarge);
+                }
+                let n = n as usize;
+                if self.buf.len() < n {
+                    if expects_continue {
+                        self.send_continue().await?;
+                    }
+                    self.buf.reserve(n - self.buf.len());
+                    while self.buf.len() < n {
+                        if !matches!(self.io.read_buf(&mut self.buf).await, Ok(r) if r > 0) {
+                            return Err(BodyError::Closed);
+                        }
+                    }
+                }
+                Ok(self.buf.split_to(n).freeze())
+            }
+            Framing::Chunked => {
+                if expects_continue && self.buf.is_empty() {
+                    self.send_continue().await?;
+                }
+                let mut decoder = BodyDecoder::new(Framing::Chunked);
+                let mut body = BytesMut::new();
+                loop {
+                    let done = h1::decode_into(&mut decoder, &mut self.buf, &mut body)
+                        .map_err(BodyError::Malformed)?;
+                    if body.len() as u64 > limit {
+                        return Err(BodyError::TooLarge);
+                    }
+                    if done {
+                        return Ok(body.freeze());
+                    }
+                    if !matches!(self.read_more().await, Ok(r) if r > 0) {
+                        return Err(BodyError::Closed);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send_continue(&mut self) -> Result<(), BodyError> {
+        const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+        self.io
+            .write_all(CONTINUE)
+            .await
+            .map_err(|_| BodyError::Closed)?;
+        self.io.flush().await.map_err(|_| BodyError::Closed)
+    }
+
+    /// Answers a request the proxy cannot read, and closes.
+    async fn refuse(&mut self, inner: &Inner, status: StatusCode, message: &str) -> Next {
+        let answer = upstream::refuse(inner, status, "invalid_request_error", message);
+        self.respond(answer, false, Version::HTTP_11, false).await;
+        self.linger().await;
+        Next::Close
+    }
+
+    /// Ends the sending side and reads for a while what the client still sends.
+    async fn linger(&mut self) {
+        let _ = self.io.shutdown().await;
+        let _ = tokio::time::timeout(LINGER, async {
+            loop {
+                self.buf.clear();
+                if !matches!(self.read_more().await, Ok(n) if n > 0) {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Writes `response`, its body frame by frame as it arrives; a frame that is ready goes out
+    /// in the same write as what precedes it (the head, a chunk header).
+    async fn respond(
+        &mut self,
+        response: Response<ProxyBody>,
+        head_request: bool,
+        version: Version,
+        keep: bool,
+    ) -> Next {
+        let (mut parts, mut body) = response.into_parts();
+        let status = parts.status;
+        let bodiless = head_request
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let framing = if bodiless || parts.headers.contains_key(header::CONTENT_LENGTH) {
+            OutFraming::AsIs
+        } else if let Some(n) = body.size_hint().exact() {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, h1::length_value(n));
+            OutFraming::AsIs
+        } else if version == Version::HTTP_11 {
+            OutFraming::Chunked
+        } else {
+            OutFraming::Close
+        };
+        let keep = keep && framing != OutFraming::Close;
+        let next = if keep { Next::KeepAlive } else { Next::Close };
+        self.out.clear();
+        h1::put_response_head(
+            &mut self.out,
+            status,
+            &parts.headers,
+            framing,
+            !keep,
+            keep && version == Version::HTTP_10,
+        );
+        if bodiless {
+            return match self.write_out().await {
+                Ok(()) => next,
+                Err(_) => Next::Close,
+            };
+        }
+        loop {
+            let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx)));
+            let frame = match ready.await {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    if !self.out.is_empty() && self.write_out().await.is_err() {
+                        return Next::Close;
+                    }
+                    tokio::select! {
+                        biased;
+                        frame = body.frame() => frame,
+                        () = self.hung_up() => return Next::Close,
+                    }
+                }
+            };
+            let data = match frame {
+                None => {
+                    if framing == OutFraming::Chunked {
+                        self.out.extend_from_slice(h1::LAST_CHUNK);
+                    }
+                    return match self.write_out().await {
+                        Ok(()) => next,
+                        Err(_) => Next::Close,
+                    };
+                }
+                // Cut after the head: the client sees the response end short.
+                Some(Err(_)) => {
+                    let _ = self.write_out().await;
+                    return Next::Close;
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if !data.is_empty() => data,
+                    _ => continue,
+                },
+            };
+            let end = body.is_end_stream();
+            let tail: &[u8] = match (framing, end) {
+                (OutFraming::Chunked, false) => b"\r\n",
+                (OutFraming::Chunked, true) => b"\r\n0\r\n\r\n",
+                _ => b"",
+            };
+            if framing == OutFraming::Chunked {
+                h1::put_chunk_size(&mut self.out, data.len());
+            }
+            let written = if data.len() <= COPY_MAX {
+                self.out.extend_from_slice(&data);
+                self.out.extend_from_slice(tail);
+                self.write_out().await
+            } else {
+                let mut slices = [
+                    IoSlice::new(&self.out),
+                    IoSlice::new(&data),
+                    IoSlice::new(tail),
+                ];
+                let written = write_all_vectored(&mut self.io, &mut slices).await;
+                self.out.clear();
+                match written {
+                    Ok(()) => self.io.flush().await,
+                    Err(e) => Err(e),
+                }
+            };
+            if written.is_err() {
+                return Next::Close;
+            }
+            if end {
+                return next;
+            }
+        }
+    }
+}
