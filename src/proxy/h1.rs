@@ -13,6 +13,24 @@ pub const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// The longest chunk-size or trailer line.
 const MAX_LINE: usize = 4096;
+/// Bytes a read buffer is grown by when it runs low.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Makes room for the next read: a quarter of [`READ_CHUNK`] free at least.
+pub fn reserve_read(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+}
+
+/// Reads what is there (at least one byte, or 0 at the end of the stream) into `buf`.
+pub async fn read_some<R: tokio::io::AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    reserve_read(buf);
+    tokio::io::AsyncReadExt::read_buf(io, buf).await
+}
 
 /// What is wrong with a message on the wire.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +47,9 @@ pub enum H1Error {
     /// Content-Length and Transfer-Encoding disagree or do not parse.
     #[error("invalid message framing: {0}")]
     Framing(&'static str),
+    /// A transfer coding other than chunked, which the proxy does not decode.
+    #[error("unsupported transfer-encoding (only chunked is understood)")]
+    UnsupportedCoding,
     /// A chunked body is malformed.
     #[error("malformed chunked body")]
     Chunked,
@@ -82,15 +103,29 @@ pub struct ResponseHead {
     pub keep_alive: bool,
 }
 
-/// Where each header name and value lies in the head, so the head can be split off the
-/// buffer (while httparse borrows it) and then sliced without copying.
-type Spans = Vec<(usize, usize, usize, usize)>;
+/// Where a header's name and value lie in the head (offset and length of each), so the head
+/// can be split off the buffer (which httparse borrows) and then sliced without copying.
+type Span = (usize, usize, usize, usize);
 
 fn span_of(base: &[u8], part: &[u8]) -> (usize, usize) {
     (part.as_ptr() as usize - base.as_ptr() as usize, part.len())
 }
 
-fn header_map(head: &Bytes, spans: &Spans) -> Result<HeaderMap, H1Error> {
+/// Records the spans of `fields` into `spans`; returns how many.
+fn spans_of(
+    base: &[u8],
+    fields: &[httparse::Header<'_>],
+    spans: &mut [Span; MAX_HEADERS],
+) -> usize {
+    for (span, h) in spans.iter_mut().zip(fields) {
+        let (n, nl) = span_of(base, h.name.as_bytes());
+        let (v, vl) = span_of(base, h.value);
+        *span = (n, nl, v, vl);
+    }
+    fields.len()
+}
+
+fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, H1Error> {
     let mut headers = HeaderMap::with_capacity(spans.len());
     for &(name_at, name_len, value_at, value_len) in spans {
         let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
@@ -114,6 +149,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);
     let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => return Err(H1Error::HeadTooLarge),
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -124,19 +160,18 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
         .map_err(|_| H1Error::Invalid("method"))?;
     let target = span_of(buf, req.path.unwrap_or_default().as_bytes());
     let version = version_of(req.version);
-    let spans: Spans = req
-        .headers
-        .iter()
-        .map(|h| {
-            let (n, nl) = span_of(buf, h.name.as_bytes());
-            let (v, vl) = span_of(buf, h.value);
-            (n, nl, v, vl)
-        })
-        .collect();
+    let mut spans = [(0, 0, 0, 0); MAX_HEADERS];
+    let count = spans_of(buf, req.headers, &mut spans);
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| H1Error::Invalid("request target"))?;
-    let headers = header_map(&head, &spans)?;
+    let headers = header_map(&head, &spans[..count])?;
+    // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
+    match headers.get_all(header::HOST).iter().count() {
+        0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
+        0 | 1 => {}
+        _ => return Err(H1Error::Invalid("Host (more than one)")),
+    }
     let framing = request_framing(&headers)?;
     let keep_alive = keeps_alive(version, &headers);
     Ok(Some(RequestHead {
@@ -158,6 +193,7 @@ pub fn parse_response(
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut fields);
     let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => return Err(H1Error::HeadTooLarge),
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -167,18 +203,15 @@ pub fn parse_response(
     let status = StatusCode::from_u16(resp.code.unwrap_or_default())
         .map_err(|_| H1Error::Invalid("status code"))?;
     let version = version_of(resp.version);
-    let spans: Spans = resp
-        .headers
-        .iter()
-        .map(|h| {
-            let (n, nl) = span_of(buf, h.name.as_bytes());
-            let (v, vl) = span_of(buf, h.value);
-            (n, nl, v, vl)
-        })
-        .collect();
+    let mut spans = [(0, 0, 0, 0); MAX_HEADERS];
+    let count = spans_of(buf, resp.headers, &mut spans);
     let head = buf.split_to(len).freeze();
-    let headers = header_map(&head, &spans)?;
+    let mut headers = header_map(&head, &spans[..count])?;
     let framing = response_framing(status, &headers, head_request)?;
+    // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     let keep_alive = keeps_alive(version, &headers) && framing != Framing::UntilClose;
     Ok(Some(ResponseHead {
         status,
@@ -228,18 +261,21 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, H1Error> {
     Ok(length)
 }
 
+/// The transfer codings, in order; empty without the header.
+fn codings(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .into_iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+}
+
 /// Whether `Transfer-Encoding` ends in `chunked`; `None` without the header.
 fn chunked_last(headers: &HeaderMap) -> Option<bool> {
-    let mut last = None;
-    for value in headers.get_all(header::TRANSFER_ENCODING) {
-        for coding in value.as_bytes().split(|&b| b == b',') {
-            let coding = coding.trim_ascii();
-            if !coding.is_empty() {
-                last = Some(coding.eq_ignore_ascii_case(b"chunked"));
-            }
-        }
-    }
-    last
+    codings(headers)
+        .last()
+        .map(|c| c.eq_ignore_ascii_case(b"chunked"))
 }
 
 fn request_framing(headers: &HeaderMap) -> Result<Framing, H1Error> {
@@ -248,8 +284,9 @@ fn request_framing(headers: &HeaderMap) -> Result<Framing, H1Error> {
         Some(_) if headers.contains_key(header::CONTENT_LENGTH) => Err(H1Error::Framing(
             "both transfer-encoding and content-length",
         )),
-        Some(true) => Ok(Framing::Chunked),
-        Some(false) => Err(H1Error::Framing("transfer-encoding other than chunked")),
+        // A coding under the chunks (gzip, …) would be lost in the length-framed copy sent on.
+        Some(true) if codings(headers).count() == 1 => Ok(Framing::Chunked),
+        Some(_) => Err(H1Error::UnsupportedCoding),
         None => Ok(match content_length(headers)? {
             Some(0) | None => Framing::Empty,
             Some(n) => Framing::Length(n),
@@ -625,42 +662,57 @@ mod tests {
 
     #[test]
     fn smuggling_shaped_framing_is_refused() {
-        let both = "POST / HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n";
+        let refused = |fields: &str| {
+            let head = format!("POST / HTTP/1.1\r\nhost: a\r\n{fields}\r\n");
+            parse_request(&mut buf(&head)).unwrap_err()
+        };
+        for fields in [
+            "content-length: 3\r\ntransfer-encoding: chunked\r\n",
+            "content-length: 3\r\ncontent-length: 4\r\n",
+            "content-length: +3\r\n",
+        ] {
+            assert!(matches!(refused(fields), H1Error::Framing(_)), "{fields}");
+        }
+        for coded in ["gzip", "gzip, chunked"] {
+            let fields = format!("transfer-encoding: {coded}\r\n");
+            assert!(
+                matches!(refused(&fields), H1Error::UnsupportedCoding),
+                "{coded}"
+            );
+        }
+        assert!(matches!(refused("host: b\r\n"), H1Error::Invalid(_)));
+        let no_host = "GET / HTTP/1.1\r\n\r\n";
         assert!(matches!(
-            parse_request(&mut buf(both)),
-            Err(H1Error::Framing(_))
+            parse_request(&mut buf(no_host)),
+            Err(H1Error::Invalid(_))
         ));
-        let conflict = "POST / HTTP/1.1\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n";
+    }
+
+    #[test]
+    fn complete_heads_over_the_limit_are_refused_too() {
+        let mut big = buf("GET / HTTP/1.1\r\nhost: a\r\nx-big: ");
+        big.extend_from_slice(&vec![b'a'; MAX_HEAD]);
+        big.extend_from_slice(b"\r\n\r\n");
         assert!(matches!(
-            parse_request(&mut buf(conflict)),
-            Err(H1Error::Framing(_))
+            parse_request(&mut big),
+            Err(H1Error::HeadTooLarge)
         ));
-        let gzip = "POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n";
+        let mut resp = buf("HTTP/1.1 200 OK\r\nx-big: ");
+        resp.extend_from_slice(&vec![b'a'; MAX_HEAD]);
+        resp.extend_from_slice(b"\r\n\r\n");
         assert!(matches!(
-            parse_request(&mut buf(gzip)),
-            Err(H1Error::Framing(_))
-        ));
-        let signed = "POST / HTTP/1.1\r\ncontent-length: +3\r\n\r\n";
-        assert!(matches!(
-            parse_request(&mut buf(signed)),
-            Err(H1Error::Framing(_))
+            parse_response(&mut resp, false),
+            Err(H1Error::HeadTooLarge)
         ));
     }
 
     #[test]
     fn keep_alive_follows_the_version_and_connection_header() {
-        let h10 = parse_request(&mut buf("GET / HTTP/1.0\r\n\r\n"))
-            .unwrap()
-            .unwrap();
-        assert!(!h10.keep_alive);
-        let h10ka = parse_request(&mut buf("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"))
-            .unwrap()
-            .unwrap();
-        assert!(h10ka.keep_alive);
-        let close = parse_request(&mut buf("GET / HTTP/1.1\r\nconnection: foo, close\r\n\r\n"))
-            .unwrap()
-            .unwrap();
-        assert!(!close.keep_alive);
+        let parse = |s: &str| parse_request(&mut buf(s)).unwrap().unwrap();
+        assert!(!parse("GET / HTTP/1.0\r\n\r\n").keep_alive);
+        assert!(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
+        assert!(!parse("GET / HTTP/1.1\r\nhost: a\r\nconnection: foo, close\r\n\r\n").keep_alive);
+        assert!(parse("GET / HTTP/1.1\r\nhost: a\r\n\r\n").keep_alive);
     }
 
     #[test]
@@ -685,6 +737,15 @@ mod tests {
             )
             .framing,
             Framing::Empty
+        );
+        let both = parse(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            false,
+        );
+        assert_eq!(both.framing, Framing::Chunked, "transfer-encoding wins");
+        assert!(
+            !both.headers.contains_key("content-length"),
+            "and the length is not passed on"
         );
         let chunked = parse(
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",

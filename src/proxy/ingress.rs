@@ -22,8 +22,6 @@ use super::upstream::{self, ClientConn, ProxyBody, Started};
 use super::Inner;
 use crate::shutdown::Shutdown;
 
-/// Bytes reserved in the read buffer before each read.
-const READ_CHUNK: usize = 16 * 1024;
 /// Body frames up to this size are copied behind their framing, so both go out in one write.
 const COPY_MAX: usize = 16 * 1024;
 /// After refusing a request whose body is left unread, how long the rest of it is read and
@@ -70,10 +68,7 @@ struct Conn<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
-            self.buf.reserve(READ_CHUNK);
-        }
-        self.io.read_buf(&mut self.buf).await
+        h1::read_some(&mut self.io, &mut self.buf).await
     }
 
     /// Resolves once the client has hung up; bytes it sends meanwhile (a pipelined request)
@@ -110,6 +105,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 Err(e) => {
                     let status = match e {
                         H1Error::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        H1Error::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
                         _ => StatusCode::BAD_REQUEST,
                     };
                     return self.refuse(inner, status, &e.to_string()).await;

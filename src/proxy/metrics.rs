@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
@@ -96,6 +96,8 @@ pub struct BackendMetrics {
     recorder: Arc<PrometheusRecorder>,
     name: SharedString,
     by_status: Arc<Mutex<HashMap<u16, Counter>>>,
+    /// The 200 series of `by_status`, kept apart so the common case takes no lock.
+    ok: Arc<OnceLock<Counter>>,
     /// Request sent → response body finished.
     pub latency: Histogram,
     /// Request sent → first response body byte (response head for an empty body).
@@ -212,6 +214,7 @@ impl ProxyMetrics {
         BackendMetrics {
             recorder: self.recorder.clone(),
             by_status: Arc::default(),
+            ok: Arc::default(),
             latency: r.register_histogram(&key("agentrace_upstream_latency_seconds", l()), &META),
             ttfb: r.register_histogram(&key("agentrace_upstream_ttfb_seconds", l()), &META),
             errors: Arc::new(errors),
@@ -303,21 +306,24 @@ impl BackendMetrics {
     /// Counts a finished response by status.
     pub fn request(&self, status: http::StatusCode) {
         let code = status.as_u16();
+        let register = || {
+            self.recorder.register_counter(
+                &key(
+                    "agentrace_requests_total",
+                    vec![
+                        Label::new("backend", self.name.clone()),
+                        Label::new("status", code.to_string()),
+                    ],
+                ),
+                &META,
+            )
+        };
+        if status == http::StatusCode::OK {
+            self.ok.get_or_init(register).increment(1);
+            return;
+        }
         let mut map = self.by_status.lock();
-        map.entry(code)
-            .or_insert_with(|| {
-                self.recorder.register_counter(
-                    &key(
-                        "agentrace_requests_total",
-                        vec![
-                            Label::new("backend", self.name.clone()),
-                            Label::new("status", code.to_string()),
-                        ],
-                    ),
-                    &META,
-                )
-            })
-            .increment(1);
+        map.entry(code).or_insert_with(register).increment(1);
     }
 
     /// Counts an upstream error.

@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
@@ -33,8 +33,6 @@ use super::config::BackendUrl;
 use super::h1::{self, BodyDecoder, Decoded, H1Error};
 use crate::http_body::BoxError;
 
-/// Bytes reserved in a read buffer before each read.
-const READ_CHUNK: usize = 16 * 1024;
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
 const COPY_BODY_MAX: usize = 16 * 1024;
 
@@ -145,7 +143,7 @@ impl H1Conn {
     fn new(io: Io) -> Self {
         Self {
             io,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+            buf: BytesMut::new(),
             out: Vec::with_capacity(1024),
         }
     }
@@ -162,10 +160,7 @@ impl H1Conn {
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
-            self.buf.reserve(READ_CHUNK);
-        }
-        self.io.read_buf(&mut self.buf).await
+        h1::read_some(&mut self.io, &mut self.buf).await
     }
 }
 
@@ -557,9 +552,7 @@ impl H1Body {
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
             }
-            if conn.buf.capacity() - conn.buf.len() < READ_CHUNK / 4 {
-                conn.buf.reserve(READ_CHUNK);
-            }
+            h1::reserve_read(&mut conn.buf);
             match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => self.eof = true,

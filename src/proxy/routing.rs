@@ -289,6 +289,24 @@ impl Pool {
         self.backends.iter().position(|b| Arc::ptr_eq(b, backend))
     }
 
+    /// The first entry of [`Pool::ranking`], without ranking the rest.
+    pub fn first_choice(&self, key_hash: u64) -> usize {
+        let mut best: Option<(f64, usize)> = None;
+        for (i, b) in self.backends.iter().enumerate() {
+            let score = rendezvous_score(key_hash, b.seed, b.weight);
+            let better = best.is_none_or(|(s, j)| {
+                score
+                    .total_cmp(&s)
+                    .then_with(|| self.backends[j].name.cmp(&b.name))
+                    .is_gt()
+            });
+            if better {
+                best = Some((score, i));
+            }
+        }
+        best.map_or(0, |(_, i)| i)
+    }
+
     /// Backend indices by descending rendezvous score for `key_hash`.
     pub fn ranking(&self, key_hash: u64) -> Vec<usize> {
         let mut scored: Vec<(f64, usize)> = self
@@ -443,8 +461,9 @@ impl Router {
         tried: &[usize],
         commit: bool,
     ) -> Option<Decision> {
-        let ranking = pool.ranking(key.hash);
-        let plain = ranking[0];
+        let plain = pool.first_choice(key.hash);
+        // The full ranking is needed only when the first choice will not do.
+        let mut ranking: Option<Vec<usize>> = None;
         let known = self
             .sessions
             .get(&key.text)
@@ -462,16 +481,21 @@ impl Router {
             Some((i, true)) => (i, Outcome::Bound),
             Some((i, false)) => (i, Outcome::Hash),
             None => {
-                let i = ranking
-                    .iter()
-                    .copied()
-                    .find(|&i| Self::usable(pool, i, tried))
-                    .or_else(|| {
-                        ranking
-                            .iter()
-                            .copied()
-                            .find(|&i| Self::panic_usable(pool, i, tried))
-                    })?;
+                let i = if Self::usable(pool, plain, tried) {
+                    plain
+                } else {
+                    let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                    ranked
+                        .iter()
+                        .copied()
+                        .find(|&i| Self::usable(pool, i, tried))
+                        .or_else(|| {
+                            ranked
+                                .iter()
+                                .copied()
+                                .find(|&i| Self::panic_usable(pool, i, tried))
+                        })?
+                };
                 let outcome = if i == plain && tried.is_empty() {
                     Outcome::Hash
                 } else {
@@ -483,7 +507,8 @@ impl Router {
 
         if let Some(limit) = load_limit(pool) {
             if pool.backends[index].load() + 1 > limit {
-                if let Some(i) = ranking.iter().copied().find(|&i| {
+                let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                if let Some(i) = ranked.iter().copied().find(|&i| {
                     i != index && Self::usable(pool, i, tried) && pool.backends[i].load() < limit
                 }) {
                     index = i;
@@ -537,8 +562,9 @@ struct Entry {
 #[derive(Default)]
 struct Shard {
     map: HashMap<Arc<str>, Entry>,
-    /// Entries by last use: the first is the least recently used (and the idlest).
-    order: BTreeMap<u64, Arc<str>>,
+    /// Entries by last use, with the key and that last use: the first is the least recently
+    /// used (and the idlest), checked without a lookup in `map`.
+    order: BTreeMap<u64, (Arc<str>, Instant)>,
     next_seq: u64,
 }
 
@@ -635,12 +661,18 @@ impl SessionTable {
         let cap = self.per_shard_cap();
         let ttl = self.ttl();
         let mut guard = self.shard(key).lock();
-        let shard = &mut *guard;
-        let seq = shard.next_seq;
-        shard.next_seq += 1;
-        match shard.map.get_mut(key) {
+        let Shard {
+            map,
+            order,
+            next_seq,
+        } = &mut *guard;
+        let seq = *next_seq;
+        *next_seq += 1;
+        match map.get_mut(key) {
             Some(e) => {
-                shard.order.remove(&e.seq);
+                let k = order
+                    .remove(&e.seq)
+                    .map_or_else(|| Arc::from(key), |(k, _)| k);
                 if !Arc::ptr_eq(&e.backend, backend) {
                     e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
                     backend.sessions.fetch_add(1, Ordering::Relaxed);
@@ -654,12 +686,7 @@ impl SessionTable {
                 e.outcome = outcome;
                 e.seq = seq;
                 e.last_used = now;
-                let k = shard
-                    .map
-                    .get_key_value(key)
-                    .map(|(k, _)| k.clone())
-                    .expect("entry present");
-                shard.order.insert(seq, k);
+                order.insert(seq, (k, now));
             }
             None => {
                 let k: Arc<str> = Arc::from(key);
@@ -667,7 +694,7 @@ impl SessionTable {
                 if pinned {
                     self.bound.fetch_add(1, Ordering::Relaxed);
                 }
-                shard.map.insert(
+                map.insert(
                     k.clone(),
                     Entry {
                         backend: backend.clone(),
@@ -677,16 +704,13 @@ impl SessionTable {
                         last_used: now,
                     },
                 );
-                shard.order.insert(seq, k);
+                order.insert(seq, (k, now));
             }
         }
         // Make room and drop what has idled out, oldest first.
-        while let Some((&oldest, k)) = shard.order.first_key_value() {
-            let expired = shard
-                .map
-                .get(&**k)
-                .is_some_and(|e| now.duration_since(e.last_used) > ttl);
-            if shard.map.len() > cap || expired {
+        let shard = &mut *guard;
+        while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
+            if shard.map.len() > cap || now.saturating_duration_since(last_used) > ttl {
                 self.evict(shard, oldest);
             } else {
                 break;
@@ -695,7 +719,7 @@ impl SessionTable {
     }
 
     fn evict(&self, shard: &mut Shard, seq: u64) {
-        if let Some(k) = shard.order.remove(&seq) {
+        if let Some((k, _)) = shard.order.remove(&seq) {
             if let Some(e) = shard.map.remove(&k) {
                 e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
                 if e.pinned {
@@ -711,12 +735,8 @@ impl SessionTable {
         let now = Instant::now();
         for shard in &self.shards {
             let mut shard = shard.lock();
-            while let Some((&oldest, k)) = shard.order.first_key_value() {
-                let expired = shard
-                    .map
-                    .get(&**k)
-                    .is_none_or(|e| now.duration_since(e.last_used) > ttl);
-                if !expired {
+            while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
+                if now.saturating_duration_since(last_used) <= ttl {
                     break;
                 }
                 self.evict(&mut shard, oldest);
@@ -810,6 +830,23 @@ mod tests {
             for _ in 0..5 {
                 assert_eq!(place(&r, &key), first);
             }
+        }
+    }
+
+    /// The cheap first choice is always the head of the full ranking, weights and ties included.
+    #[test]
+    fn first_choice_is_the_head_of_the_ranking() {
+        let mut pool = pool_of(&["a", "b", "c", "d", "e"], 1.5);
+        let weighted = Arc::new(Backend::new(
+            "w",
+            BackendUrl::parse("http://127.0.0.1:1").unwrap(),
+            3.0,
+            ProxyMetrics::new().backend("w"),
+        ));
+        pool.backends.push(weighted);
+        for k in 0..5_000 {
+            let h = hash64(0, format!("key-{k}").as_bytes());
+            assert_eq!(pool.first_choice(h), pool.ranking(h)[0], "key-{k}");
         }
     }
 

@@ -1,0 +1,1084 @@
+//! HTTP/1.1 on the wire through a real proxy: raw bytes from a `TcpStream` client, real
+//! backends behind it (the support module's hyper backends, and raw-TCP ones in this file that
+//! write fixed bytes for framings hyper would never produce).
+//!
+//! Invariants: a request body arrives at the backend whole and with a `Content-Length`, however
+//! the client framed it; `Expect: 100-continue` is answered before the body is sent (and not
+//! for a body over the limit); pipelined requests are answered in order; HTTP/1.0 clients get
+//! delimited responses and keep their connection only when they ask; HEAD responses carry no
+//! body; ambiguous or malformed heads get 400 (oversized ones 431) and a closed connection, and
+//! never reach a backend; chunked, close-delimited, HTTP/1.0 and 1xx-preceded upstream
+//! responses are re-framed for the client, whose connection stays reusable; a truncated
+//! upstream body is never passed off as complete; a pooled upstream connection that the
+//! backend closed is replaced on the same backend instead of failing over; `Connection: close`
+//! from the client closes after the response.
+
+mod support;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentrace::proxy::ProxyConfig;
+use parking_lot::Mutex;
+use support::backends::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// Upper bound on any single wait: a hang guard, never a synchronisation point.
+const GUARD: Duration = Duration::from_secs(10);
+
+async fn guarded<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(GUARD, f)
+        .await
+        .unwrap_or_else(|_| panic!("no progress within {GUARD:?}: {what}"))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The value of `name` in a head's `name: value` lines (case-insensitive name).
+fn header_in(head: &str, name: &str) -> Option<String> {
+    head.split("\r\n").skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
+}
+
+// -------------------------------------------------------------------------------------------
+// A raw HTTP/1 client
+
+/// One response as read off the wire.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    /// Status line and header lines, without the final blank line.
+    head: String,
+    /// The body with its transfer framing removed.
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<String> {
+        header_in(&self.head, name)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&self.body)))
+    }
+}
+
+/// A client connection that writes raw bytes and parses what comes back, minimally.
+struct Client {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Self {
+        Self {
+            stream: guarded("connect", TcpStream::connect(addr)).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, bytes: impl AsRef<[u8]>) {
+        guarded("write", self.stream.write_all(bytes.as_ref()))
+            .await
+            .expect("write to the proxy");
+    }
+
+    /// One read into the buffer; false at EOF.
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = guarded("read", self.stream.read(&mut chunk))
+            .await
+            .expect("read from the proxy");
+        self.buf.extend_from_slice(&chunk[..n]);
+        n > 0
+    }
+
+    /// Everything up to and including `delim`; fails at EOF.
+    async fn take_through(&mut self, delim: &[u8]) -> Vec<u8> {
+        loop {
+            if let Some(at) = find(&self.buf, delim) {
+                return self.buf.drain(..at + delim.len()).collect();
+            }
+            assert!(
+                self.fill().await,
+                "EOF before {:?}; had {:?}",
+                text(delim),
+                text(&self.buf)
+            );
+        }
+    }
+
+    async fn take_exact(&mut self, n: usize) -> Vec<u8> {
+        while self.buf.len() < n {
+            assert!(
+                self.fill().await,
+                "EOF {} bytes into a {n}-byte body",
+                self.buf.len()
+            );
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    /// Reads one response head: (status, head without the blank line).
+    async fn head(&mut self) -> (u16, String) {
+        let raw = self.take_through(b"\r\n\r\n").await;
+        let head = text(&raw[..raw.len() - 4]);
+        assert!(
+            head.starts_with("HTTP/1.1 "),
+            "not a response head: {head:?}"
+        );
+        let status = head[9..12]
+            .parse()
+            .unwrap_or_else(|_| panic!("no status code in {head:?}"));
+        (status, head)
+    }
+
+    /// Reads one response to a request other than HEAD.
+    async fn reply(&mut self) -> Reply {
+        self.reply_to(false).await
+    }
+
+    /// Reads one response, framed as RFC 9112 §6.3 says (`head_request`: it answers a HEAD).
+    async fn reply_to(&mut self, head_request: bool) -> Reply {
+        let (status, head) = self.head().await;
+        let chunked = header_in(&head, "transfer-encoding")
+            .is_some_and(|te| te.to_ascii_lowercase().ends_with("chunked"));
+        let length = header_in(&head, "content-length").map(|v| {
+            v.parse::<usize>()
+                .unwrap_or_else(|_| panic!("bad content-length in {head:?}"))
+        });
+        let body = if head_request || (100..200).contains(&status) || status == 204 || status == 304
+        {
+            Vec::new()
+        } else if chunked {
+            assert!(length.is_none(), "both framings in {head:?}");
+            self.chunked_body().await
+        } else if let Some(n) = length {
+            self.take_exact(n).await
+        } else {
+            self.rest_until_eof().await
+        };
+        Reply { status, head, body }
+    }
+
+    async fn chunked_body(&mut self) -> Vec<u8> {
+        let mut body = Vec::new();
+        loop {
+            let line = text(&self.take_through(b"\r\n").await);
+            let size = line.trim_end().split(';').next().unwrap().trim();
+            let size = usize::from_str_radix(size, 16)
+                .unwrap_or_else(|_| panic!("bad chunk-size line {line:?}"));
+            if size == 0 {
+                while self.take_through(b"\r\n").await != b"\r\n" {}
+                return body;
+            }
+            body.extend(self.take_exact(size).await);
+            assert_eq!(self.take_exact(2).await, b"\r\n", "chunk not ended by CRLF");
+        }
+    }
+
+    /// Whatever is left until the proxy closes.
+    async fn rest_until_eof(&mut self) -> Vec<u8> {
+        while self.fill().await {}
+        std::mem::take(&mut self.buf)
+    }
+
+    /// The proxy closes the connection and sends nothing more.
+    async fn assert_closed(&mut self) {
+        let rest = self.rest_until_eof().await;
+        assert!(
+            rest.is_empty(),
+            "bytes after the response: {:?}",
+            text(&rest)
+        );
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// A raw HTTP/1 backend
+
+/// What a raw backend does after answering a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Reads the next request on the same connection.
+    KeepServing,
+    /// Closes the connection.
+    Close,
+    /// Reads the next request on the same connection and closes it without an answer.
+    DropTheNext,
+}
+
+/// A backend on `127.0.0.1:0` that answers every request with the same bytes, written piece
+/// by piece, and records what it was sent.
+struct RawBackend {
+    addr: SocketAddr,
+    accepted: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
+    requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    closed: mpsc::UnboundedReceiver<()>,
+}
+
+impl RawBackend {
+    async fn spawn(reply: &[&[u8]], after: After) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pieces: Arc<Vec<Vec<u8>>> = Arc::new(reply.iter().map(|p| p.to_vec()).collect());
+        let accepted = Arc::new(AtomicU64::new(0));
+        let answered = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (closed_tx, closed) = mpsc::unbounded_channel();
+        let (acc, ans, reqs) = (accepted.clone(), answered.clone(), requests.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                acc.fetch_add(1, Ordering::SeqCst);
+                let (pieces, ans, reqs, closed_tx) =
+                    (pieces.clone(), ans.clone(), reqs.clone(), closed_tx.clone());
+                tokio::spawn(async move {
+                    serve_raw(stream, &pieces, after, &ans, &reqs).await;
+                    let _ = closed_tx.send(());
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            answered,
+            requests,
+            closed,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> Vec<Vec<u8>> {
+        self.requests.lock().clone()
+    }
+
+    /// Waits until the backend has closed one more connection.
+    async fn wait_closed(&mut self) {
+        guarded("the backend to close a connection", self.closed.recv())
+            .await
+            .expect("backend task alive");
+    }
+}
+
+async fn serve_raw(
+    mut stream: TcpStream,
+    pieces: &[Vec<u8>],
+    after: After,
+    answered: &AtomicU64,
+    requests: &Mutex<Vec<Vec<u8>>>,
+) {
+    let mut buf = Vec::new();
+    let mut served = 0;
+    while let Some(request) = read_raw_request(&mut stream, &mut buf).await {
+        requests.lock().push(request);
+        if after == After::DropTheNext && served == 1 {
+            return;
+        }
+        for piece in pieces {
+            if stream.write_all(piece).await.is_err() || stream.flush().await.is_err() {
+                return;
+            }
+        }
+        answered.fetch_add(1, Ordering::SeqCst);
+        served += 1;
+        if after == After::Close {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// Reads one request (head, then a `Content-Length` body); `None` at EOF.
+async fn read_raw_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let mut chunk = [0u8; 16 * 1024];
+    let head_end = loop {
+        if let Some(at) = find(buf, b"\r\n\r\n") {
+            break at + 4;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    };
+    let length: usize = header_in(&text(&buf[..head_end]), "content-length")
+        .map_or(0, |v| v.parse().expect("numeric content-length"));
+    while buf.len() < head_end + length {
+        match stream.read(&mut chunk).await {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+    Some(buf.drain(..head_end + length).collect())
+}
+
+/// A recorded request split into its head (text) and body.
+fn split_request(raw: &[u8]) -> (String, Vec<u8>) {
+    let at = find(raw, b"\r\n\r\n").expect("a whole head") + 4;
+    (text(&raw[..at - 4]), raw[at..].to_vec())
+}
+
+// -------------------------------------------------------------------------------------------
+// Proxy helpers
+
+/// A proxy config over `(name, url)` backends, health checks off.
+fn config_over(backends: &[(&str, String)]) -> ProxyConfig {
+    let mut toml = String::from(
+        "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval_ms = 0\n",
+    );
+    for (name, url) in backends {
+        toml.push_str(&format!(
+            "[[backends]]\nname = \"{name}\"\nurl = \"{url}\"\n"
+        ));
+    }
+    ProxyConfig::from_toml_str(&toml).unwrap()
+}
+
+/// A session key whose next request the proxy would send to `backend` (asked of the admin
+/// API, which routes without committing).
+async fn key_routed_to(proxy: &TestProxy, backend: &str) -> String {
+    let client = client();
+    for i in 0..512 {
+        let key = format!("session-{i}");
+        let url = proxy.admin_url(&format!("/admin/sessions/{key}"));
+        let (status, _, body) = fetch(&client, "GET", &url, &[], "").await;
+        assert_eq!(status, 200);
+        let view: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        if view["next_request"]["backend"] == backend {
+            return key;
+        }
+    }
+    panic!("no key routes to {backend}");
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nhost: proxy.test\r\n\r\n")
+}
+
+// -------------------------------------------------------------------------------------------
+// Request framing
+
+/// A chunked request (a chunk extension, a trailer) reaches the backend de-chunked, with a
+/// `Content-Length`, and without the hop-by-hop framing headers or the trailer.
+#[tokio::test]
+async fn chunked_request_bodies_reach_the_backend_whole() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+             transfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n\
+             7;name=value\r\n{\"a\":\"b\r\n\
+             c\r\nc\",\"n\":12345\r\n\
+             1\r\n}\r\n\
+             0\r\nx-checksum: abc\r\n\r\n",
+        )
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.body, b"ok");
+    let requests = backend.requests();
+    assert_eq!(requests.len(), 1);
+    let (head, body) = split_request(&requests[0]);
+    assert_eq!(text(&body), "{\"a\":\"bc\",\"n\":12345}");
+    assert_eq!(header_in(&head, "content-length").as_deref(), Some("20"));
+    for gone in ["transfer-encoding", "trailer", "x-checksum"] {
+        assert_eq!(header_in(&head, gone), None, "{gone} forwarded: {head}");
+    }
+    // The next request on the connection starts right after the trailer section.
+    client.send(get("/after")).await;
+    assert_eq!(client.reply().await.body, b"ok");
+    assert_eq!(backend.answered(), 2);
+    proxy.shutdown().await;
+}
+
+/// `Expect: 100-continue`: the interim `100 Continue` comes before the client sends the body
+/// (length-delimited or chunked), then the final response; the backend sees the whole body and
+/// no `Expect`.
+#[tokio::test]
+async fn expect_continue_is_answered_before_the_body_is_sent() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+             expect: 100-continue\r\ncontent-length: 11\r\n\r\n",
+        )
+        .await;
+    assert_eq!(
+        client.take_through(b"\r\n\r\n").await,
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+    );
+    assert_eq!(backend.hits(), 0, "nothing is forwarded before the body");
+    client.send("hello world").await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.json()["request_bytes"], 11);
+    assert!(!backend.last_headers().unwrap().contains_key("expect"));
+
+    client
+        .send(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+             expect: 100-continue\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await;
+    assert_eq!(
+        client.take_through(b"\r\n\r\n").await,
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+    );
+    client.send("3\r\nabc\r\n0\r\n\r\n").await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.json()["request_bytes"], 3);
+    assert_eq!(backend.hits(), 2);
+    proxy.shutdown().await;
+}
+
+/// A body declared over `max_request_body_bytes` gets its 413 at once: no `100 Continue`
+/// invites the client to send it, and the backend never sees the request.
+#[tokio::test]
+async fn expect_continue_is_withheld_from_a_body_over_the_limit() {
+    let backend = TestBackend::spawn("b").await;
+    let mut config = config_for(&[&backend]);
+    config.max_request_body_bytes = 1024;
+    let proxy = start_proxy(config).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+             expect: 100-continue\r\ncontent-length: 4096\r\n\r\n",
+        )
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 413, "{reply:?}");
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    client.assert_closed().await;
+    assert_eq!(backend.hits(), 0);
+    // Ends the proxy's wait for the body it refused.
+    drop(client);
+    proxy.shutdown().await;
+}
+
+/// Requests written back to back in one write (length-delimited, chunked, bodiless) are each
+/// answered, in order, on the same connection.
+#[tokio::test]
+async fn pipelined_requests_get_their_responses_in_order() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(
+            "POST /v1/first HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 5\r\n\r\nfirst\
+             POST /v1/second HTTP/1.1\r\nhost: proxy.test\r\ntransfer-encoding: chunked\r\n\r\n\
+             6\r\nsecond\r\n0\r\n\r\n\
+             GET /v1/third HTTP/1.1\r\nhost: proxy.test\r\n\r\n",
+        )
+        .await;
+    for (path, bytes) in [("/v1/first", 5), ("/v1/second", 6), ("/v1/third", 0)] {
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        let json = reply.json();
+        assert_eq!(json["path"], path, "responses out of order: {json}");
+        assert_eq!(json["request_bytes"], bytes, "{json}");
+        assert_eq!(reply.header("connection"), None);
+    }
+    assert_eq!(backend.hits(), 3);
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// HTTP/1.0 clients, HEAD, Connection: close
+
+/// An HTTP/1.0 request without keep-alive: the response is delimited by its length and says
+/// `connection: close`, and the proxy closes the connection after it.
+#[tokio::test]
+async fn http10_clients_get_a_delimited_response_and_a_closed_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send("GET /v1/models HTTP/1.0\r\n\r\n").await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert!(reply.header("content-length").is_some(), "{reply:?}");
+    assert_eq!(reply.header("transfer-encoding"), None);
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    assert_eq!(reply.json()["path"], "/v1/models");
+    client.assert_closed().await;
+    proxy.shutdown().await;
+}
+
+/// An HTTP/1.0 request with `Connection: keep-alive` gets `connection: keep-alive` back and
+/// a connection that serves the next request.
+#[tokio::test]
+async fn http10_keep_alive_clients_keep_their_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/v1/one", "/v1/two"] {
+        client
+            .send(format!(
+                "GET {path} HTTP/1.0\r\nconnection: keep-alive\r\n\r\n"
+            ))
+            .await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.header("connection").as_deref(), Some("keep-alive"));
+        assert!(reply.header("content-length").is_some(), "{reply:?}");
+        assert_eq!(reply.json()["path"], path);
+    }
+    client.send("GET /v1/three HTTP/1.0\r\n\r\n").await;
+    assert_eq!(client.reply().await.json()["path"], "/v1/three");
+    client.assert_closed().await;
+    assert_eq!(backend.hits(), 3);
+    proxy.shutdown().await;
+}
+
+/// An HTTP/1.0 client cannot take chunks: a body of unknown length (a chunked upstream) is
+/// sent bare and delimited by the close, even when the client asked for keep-alive.
+#[tokio::test]
+async fn http10_clients_get_bodies_of_unknown_length_delimited_by_close() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send("GET /stream HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.header("transfer-encoding"), None);
+    assert_eq!(reply.header("content-length"), None);
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    assert_eq!(reply.body, b"hello world", "read until the close");
+    proxy.shutdown().await;
+}
+
+/// HEAD gets the backend's headers and no body bytes; the next request on the connection is
+/// answered right after the head.
+#[tokio::test]
+async fn head_responses_carry_headers_but_no_body() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send("HEAD /v1/models HTTP/1.1\r\nhost: proxy.test\r\n\r\n")
+        .await;
+    let reply = client.reply_to(true).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.header("x-backend").as_deref(), Some("b"));
+    assert_eq!(
+        reply.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    client.send(get("/v1/next")).await;
+    // Any body byte after the HEAD response would come before this status line.
+    let next = client.reply().await;
+    assert_eq!(next.status, 200, "{next:?}");
+    assert_eq!(next.json()["path"], "/v1/next");
+    assert_eq!(backend.hits(), 2);
+    proxy.shutdown().await;
+}
+
+/// `Connection: close` from the client: the response says `connection: close`, the proxy
+/// closes after it, and a request pipelined behind it is not served.
+#[tokio::test]
+async fn connection_close_from_the_client_closes_after_the_response() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(format!(
+            "GET /v1/last HTTP/1.1\r\nhost: proxy.test\r\nconnection: close\r\n\r\n{}",
+            get("/v1/never")
+        ))
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    assert_eq!(reply.json()["path"], "/v1/last");
+    client.assert_closed().await;
+    assert_eq!(backend.hits(), 1);
+    let forwarded = backend.last_headers().unwrap();
+    assert!(
+        !forwarded.contains_key("connection"),
+        "hop-by-hop forwarded: {forwarded:?}"
+    );
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// Refused requests
+
+/// Framing a proxy and a backend could read differently (both `Content-Length` and
+/// `Transfer-Encoding`, disagreeing lengths, a coding other than chunked, a bad chunk) and
+/// heads that do not parse get 400 with `connection: close`, and the connection closes; none
+/// reaches the backend.
+#[tokio::test]
+async fn ambiguous_or_malformed_requests_get_400_and_a_closed_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let cases: [(&str, &str); 8] = [
+        (
+            "content-length and transfer-encoding",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 5\r\n\
+             transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "two content-length fields",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 5\r\n\
+             content-length: 6\r\n\r\nhello!",
+        ),
+        (
+            "a content-length list",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 5, 6\r\n\r\nhello!",
+        ),
+        (
+            "a malformed chunk size",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        ),
+        ("a garbage request line", "THIS IS NOT HTTP\r\n\r\n"),
+        ("no host", "GET /nohost HTTP/1.1\r\n\r\n"),
+        (
+            "two hosts",
+            "GET /twohosts HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+        ),
+        (
+            "a space before the colon",
+            "GET / HTTP/1.1\r\nhost : proxy.test\r\n\r\n",
+        ),
+    ];
+    for (what, request) in cases {
+        let mut client = Client::connect(proxy.addr).await;
+        client.send(request).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 400, "{what}: {reply:?}");
+        assert_eq!(
+            reply.header("connection").as_deref(),
+            Some("close"),
+            "{what}"
+        );
+        assert_eq!(
+            reply.json()["error"]["type"],
+            "invalid_request_error",
+            "{what}"
+        );
+        client.assert_closed().await;
+    }
+    // A coding the proxy does not decode (under the chunks or alone) would be lost: 501.
+    for coded in ["gzip", "gzip, chunked"] {
+        let mut client = Client::connect(proxy.addr).await;
+        client
+            .send(format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+                 transfer-encoding: {coded}\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+            ))
+            .await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 501, "{coded}: {reply:?}");
+        client.assert_closed().await;
+    }
+    assert_eq!(backend.hits(), 0, "a refused request reached the backend");
+    proxy.shutdown().await;
+}
+
+/// A head that grows past 64 KiB without ending, a 1 MiB head, or one with more header fields
+/// than the proxy holds gets 431 and a closed connection, and never reaches the backend.
+#[tokio::test]
+async fn oversized_heads_get_431_and_a_closed_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let unended = format!(
+        "GET / HTTP/1.1\r\nhost: proxy.test\r\nx-big: {}",
+        "a".repeat(70 * 1024)
+    );
+    let huge = format!(
+        "GET / HTTP/1.1\r\nhost: proxy.test\r\nx-big: {}\r\n\r\n",
+        "a".repeat(1024 * 1024)
+    );
+    let mut many = String::from("GET / HTTP/1.1\r\nhost: proxy.test\r\n");
+    for i in 0..200 {
+        many.push_str(&format!("x-field-{i}: {i}\r\n"));
+    }
+    many.push_str("\r\n");
+    let complete = format!(
+        "GET / HTTP/1.1\r\nhost: proxy.test\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let cases = [
+        ("a 70 KiB head still going", unended),
+        ("a complete 70 KiB head", complete),
+        ("a 1 MiB head", huge),
+        ("200 header fields", many),
+    ];
+    for (what, request) in cases {
+        let mut client = Client::connect(proxy.addr).await;
+        client.send(request).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 431, "{what}: {reply:?}");
+        assert_eq!(
+            reply.header("connection").as_deref(),
+            Some("close"),
+            "{what}"
+        );
+        client.assert_closed().await;
+    }
+    assert_eq!(backend.hits(), 0);
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// Upstream framings
+
+/// A chunked upstream response (extension, trailer) reaches the client whole, re-chunked; its
+/// upstream connection is reused, so the decoder stopped exactly at the body's end; the
+/// client's connection serves the next request.
+#[tokio::test]
+async fn chunked_upstream_responses_are_re_framed_and_the_connection_reused() {
+    let backend = RawBackend::spawn(
+        &[
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n\
+            5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n",
+        ],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.body, b"hello world");
+        assert_eq!(reply.header("content-type").as_deref(), Some("text/plain"));
+        assert_eq!(reply.header("connection"), None, "{reply:?}");
+    }
+    assert_eq!(backend.answered(), 2);
+    assert_eq!(backend.accepted(), 1, "the upstream connection was reused");
+    proxy.shutdown().await;
+}
+
+/// A response with both `Content-Length` and `Transfer-Encoding` is read as chunked, and its
+/// length is not passed on: the client gets the whole body, framed once, and its connection
+/// serves the next response cleanly.
+#[tokio::test]
+async fn transfer_encoding_overrides_a_content_length_from_upstream() {
+    let backend = RawBackend::spawn(
+        &[
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n\
+            5\r\nhello\r\n0\r\n\r\n",
+        ],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.header("content-length"), None, "{reply:?}");
+        assert_eq!(reply.body, b"hello", "{path}");
+    }
+    proxy.shutdown().await;
+}
+
+/// A close-delimited upstream response (no length, `Connection: close`) is chunked for an
+/// HTTP/1.1 client, whose connection stays open for the next request; the proxy does not
+/// pass the backend's `connection: close` on.
+#[tokio::test]
+async fn close_delimited_upstream_responses_are_re_framed_for_the_client() {
+    let backend = RawBackend::spawn(
+        &[
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nhello",
+            b" world",
+        ],
+        After::Close,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            reply.header("transfer-encoding").as_deref(),
+            Some("chunked")
+        );
+        assert_eq!(reply.header("connection"), None, "{reply:?}");
+        assert_eq!(reply.body, b"hello world");
+    }
+    assert_eq!(backend.accepted(), 2, "a closed connection is never reused");
+    proxy.shutdown().await;
+}
+
+/// `103 Early Hints` before the final `200` is not forwarded: the client's first head is the
+/// 200, with its whole body; the upstream and client connections both stay reusable.
+#[tokio::test]
+async fn interim_upstream_responses_are_swallowed_before_the_final_one() {
+    let backend = RawBackend::spawn(
+        &[
+            b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\nhello world",
+        ],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "the 103 was forwarded: {reply:?}");
+        assert_eq!(reply.header("link"), None, "{reply:?}");
+        assert_eq!(reply.header("content-length").as_deref(), Some("11"));
+        assert_eq!(reply.body, b"hello world");
+    }
+    assert_eq!(backend.answered(), 2);
+    assert_eq!(backend.accepted(), 1, "the upstream connection was reused");
+    proxy.shutdown().await;
+}
+
+/// An HTTP/1.0 upstream response (no keep-alive) is forwarded as HTTP/1.1 with its body, and
+/// its connection is not reused even though this backend leaves it open.
+#[tokio::test]
+async fn http10_upstream_responses_are_forwarded_and_their_connection_not_reused() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\nhello world"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(reply.body, b"hello world");
+        assert_eq!(reply.header("connection"), None, "{reply:?}");
+    }
+    assert_eq!(backend.answered(), 2);
+    assert_eq!(backend.accepted(), 2, "an HTTP/1.0 connection was reused");
+    proxy.shutdown().await;
+}
+
+/// An upstream body cut short (fewer bytes than its length, or no last chunk) is never
+/// completed for the client: the client connection closes before the body's end.
+#[tokio::test]
+async fn truncated_upstream_bodies_end_the_client_connection_short() {
+    let cases: [(&str, &[u8]); 2] = [
+        (
+            "length",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly this",
+        ),
+        (
+            "chunked",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n9\r\nonly this\r\n",
+        ),
+    ];
+    for (what, reply) in cases {
+        let backend = RawBackend::spawn(&[reply], After::Close).await;
+        let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+        let mut client = Client::connect(proxy.addr).await;
+        client.send(get("/cut")).await;
+        let (status, head) = client.head().await;
+        assert_eq!(status, 200, "{what}: {head}");
+        let rest = client.rest_until_eof().await;
+        match what {
+            "length" => {
+                assert_eq!(header_in(&head, "content-length").as_deref(), Some("100"));
+                assert_eq!(text(&rest), "only this", "{what}");
+            }
+            _ => {
+                assert_eq!(
+                    header_in(&head, "transfer-encoding").as_deref(),
+                    Some("chunked")
+                );
+                assert!(
+                    !text(&rest).contains("0\r\n\r\n"),
+                    "{what}: a cut body was ended with the last chunk: {:?}",
+                    text(&rest)
+                );
+                assert!(
+                    text(&rest).contains("only this"),
+                    "{what}: {:?}",
+                    text(&rest)
+                );
+            }
+        }
+        proxy.shutdown().await;
+    }
+}
+
+/// Bodies larger than the proxy's copy thresholds (written vectored) pass whole: a 300 KiB
+/// chunked request body and a 200 KiB upstream chunk.
+#[tokio::test]
+async fn large_bodies_pass_whole_in_both_directions() {
+    let payload: Vec<u8> = (0..200 * 1024).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut reply = format!(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+        payload.len()
+    )
+    .into_bytes();
+    reply.extend_from_slice(&payload);
+    reply.extend_from_slice(b"\r\n0\r\n\r\n");
+    let backend = RawBackend::spawn(&[&reply], After::KeepServing).await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    let sent: Vec<u8> = (0..300 * 1024).map(|i| b'A' + (i % 26) as u8).collect();
+    let mut request =
+        b"POST /upload HTTP/1.1\r\nhost: proxy.test\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for piece in sent.chunks(100 * 1024) {
+        request.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        request.extend_from_slice(piece);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    client.send(&request).await;
+    let got = client.reply().await;
+    assert_eq!(got.status, 200, "{}", got.head);
+    assert!(
+        got.body == payload,
+        "response body differs ({} bytes)",
+        got.body.len()
+    );
+    let requests = backend.requests();
+    let (head, body) = split_request(&requests[0]);
+    assert_eq!(
+        header_in(&head, "content-length"),
+        Some(sent.len().to_string())
+    );
+    assert!(body == sent, "request body differs ({} bytes)", body.len());
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// Pooled upstream connections
+
+/// A backend that closes a pooled keep-alive connection while it idles: the next request of
+/// the session still reaches that backend (on a fresh connection), with no failover to the
+/// other one.
+#[tokio::test]
+async fn a_pooled_connection_closed_while_idle_is_replaced_without_failover() {
+    let mut closing = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+        After::Close,
+    )
+    .await;
+    let other = TestBackend::spawn("other").await;
+    let proxy = start_proxy(config_over(&[
+        ("closing", closing.url()),
+        ("other", other.url()),
+    ]))
+    .await;
+    let key = key_routed_to(&proxy, "closing").await;
+    let request =
+        format!("GET /v1/models HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\r\n");
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(&request).await;
+    let first = client.reply().await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(
+        first.header("x-agentrace-backend").as_deref(),
+        Some("closing")
+    );
+    closing.wait_closed().await;
+    client.send(&request).await;
+    let second = client.reply().await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.body, b"ok");
+    assert_eq!(
+        second.header("x-agentrace-backend").as_deref(),
+        Some("closing")
+    );
+    assert_eq!(other.hits(), 0, "the request failed over");
+    assert_eq!(closing.answered(), 2);
+    assert_eq!(closing.accepted(), 2);
+    proxy.shutdown().await;
+}
+
+/// A pooled connection the backend closes on receiving the request, before any response byte
+/// (its keep-alive timeout racing the request): the request is sent once more on a fresh
+/// connection to the same backend, not failed over.
+#[tokio::test]
+async fn a_pooled_connection_closed_before_answering_is_retried_once_on_a_fresh_one() {
+    let racing = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
+        After::DropTheNext,
+    )
+    .await;
+    let other = TestBackend::spawn("other").await;
+    let proxy = start_proxy(config_over(&[
+        ("racing", racing.url()),
+        ("other", other.url()),
+    ]))
+    .await;
+    let key = key_routed_to(&proxy, "racing").await;
+    let mut client = Client::connect(proxy.addr).await;
+    for body in ["first", "second"] {
+        client
+            .send(format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            ))
+            .await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{body}: {reply:?}");
+        assert_eq!(
+            reply.header("x-agentrace-backend").as_deref(),
+            Some("racing")
+        );
+        assert_eq!(reply.body, b"ok");
+    }
+    assert_eq!(other.hits(), 0, "the request failed over");
+    assert_eq!(racing.accepted(), 2, "one fresh connection for the retry");
+    let bodies: Vec<Vec<u8>> = racing
+        .requests()
+        .iter()
+        .map(|r| split_request(r).1)
+        .collect();
+    assert_eq!(
+        bodies,
+        [&b"first"[..], b"second", b"second"],
+        "the dropped request and its one retry"
+    );
+    assert_eq!(racing.answered(), 2);
+    proxy.shutdown().await;
+}
