@@ -130,6 +130,12 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+// Names built once: inserting by `&str` parses the name on every request.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-backend");
+
 /// Removes hop-by-hop headers, including the ones `Connection` names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
@@ -443,7 +449,7 @@ pub async fn forward(
     backend.metrics.request(resp_parts.status);
     strip_hop_by_hop(&mut resp_parts.headers);
     if let Some(v) = &backend.name_header {
-        resp_parts.headers.insert("x-agentrace-backend", v.clone());
+        resp_parts.headers.insert(X_AGENTRACE_BACKEND, v.clone());
     }
     // An error event can be appended only to a stream without a declared length.
     let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
@@ -555,14 +561,14 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
     let proto = if client.tls { "https" } else { "http" };
-    let xff = match h.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    let xff = match h.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.ip)),
         None => HeaderValue::from_str(&client.ip),
     };
     if let Ok(v) = xff {
-        h.insert("x-forwarded-for", v);
+        h.insert(X_FORWARDED_FOR, v);
     }
-    h.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     let mut forwarded = String::with_capacity(96);
     if let Some(prev) = h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
         forwarded.push_str(prev);
@@ -575,8 +581,8 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
         forwarded.push_str(";host=\"");
         forwarded.push_str(value.to_str().unwrap_or_default());
         forwarded.push('"');
-        if !h.contains_key("x-forwarded-host") {
-            h.insert("x-forwarded-host", value);
+        if !h.contains_key(X_FORWARDED_HOST) {
+            h.insert(X_FORWARDED_HOST, value);
         }
     }
     if let Ok(v) = HeaderValue::from_str(&forwarded) {
