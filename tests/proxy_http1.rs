@@ -765,12 +765,30 @@ async fn oversized_heads_get_431_and_a_closed_connection() {
 // -------------------------------------------------------------------------------------------
 // Upstream framings
 
+/// `GET /one` then `GET /two` on one client connection, through a proxy in front of a raw
+/// backend answering each with `reply`; the second answer shows the client's connection is
+/// still in step after the first.
+async fn two_gets_through(reply: &[&[u8]], after: After) -> (RawBackend, Vec<Reply>) {
+    let backend = RawBackend::spawn(reply, after).await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    let mut replies = Vec::new();
+    for path in ["/one", "/two"] {
+        client.send(get(path)).await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "{path}: {reply:?}");
+        replies.push(reply);
+    }
+    proxy.shutdown().await;
+    (backend, replies)
+}
+
 /// A chunked upstream response (extension, trailer) reaches the client whole, re-chunked; its
 /// upstream connection is reused, so the decoder stopped exactly at the body's end; the
 /// client's connection serves the next request.
 #[tokio::test]
 async fn chunked_upstream_responses_are_re_framed_and_the_connection_reused() {
-    let backend = RawBackend::spawn(
+    let (backend, replies) = two_gets_through(
         &[
             b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n\
             5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n",
@@ -778,19 +796,13 @@ async fn chunked_upstream_responses_are_re_framed_and_the_connection_reused() {
         After::KeepServing,
     )
     .await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
-    let mut client = Client::connect(proxy.addr).await;
-    for path in ["/one", "/two"] {
-        client.send(get(path)).await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "{reply:?}");
+    for reply in &replies {
         assert_eq!(reply.body, b"hello world");
         assert_eq!(reply.header("content-type").as_deref(), Some("text/plain"));
         assert_eq!(reply.header("connection"), None, "{reply:?}");
     }
     assert_eq!(backend.answered(), 2);
     assert_eq!(backend.accepted(), 1, "the upstream connection was reused");
-    proxy.shutdown().await;
 }
 
 /// A response with both `Content-Length` and `Transfer-Encoding` is read as chunked, and its
@@ -798,7 +810,7 @@ async fn chunked_upstream_responses_are_re_framed_and_the_connection_reused() {
 /// serves the next response cleanly.
 #[tokio::test]
 async fn transfer_encoding_overrides_a_content_length_from_upstream() {
-    let backend = RawBackend::spawn(
+    let (backend, replies) = two_gets_through(
         &[
             b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n\
             5\r\nhello\r\n0\r\n\r\n",
@@ -806,16 +818,11 @@ async fn transfer_encoding_overrides_a_content_length_from_upstream() {
         After::KeepServing,
     )
     .await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
-    let mut client = Client::connect(proxy.addr).await;
-    for path in ["/one", "/two"] {
-        client.send(get(path)).await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "{reply:?}");
+    for reply in &replies {
         assert_eq!(reply.header("content-length"), None, "{reply:?}");
-        assert_eq!(reply.body, b"hello", "{path}");
+        assert_eq!(reply.body, b"hello");
     }
-    proxy.shutdown().await;
+    assert_eq!(backend.accepted(), 1, "the upstream connection stayed in step");
 }
 
 /// A close-delimited upstream response (no length, `Connection: close`) is chunked for an
@@ -823,7 +830,7 @@ async fn transfer_encoding_overrides_a_content_length_from_upstream() {
 /// pass the backend's `connection: close` on.
 #[tokio::test]
 async fn close_delimited_upstream_responses_are_re_framed_for_the_client() {
-    let backend = RawBackend::spawn(
+    let (backend, replies) = two_gets_through(
         &[
             b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nhello",
             b" world",
@@ -831,12 +838,7 @@ async fn close_delimited_upstream_responses_are_re_framed_for_the_client() {
         After::Close,
     )
     .await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
-    let mut client = Client::connect(proxy.addr).await;
-    for path in ["/one", "/two"] {
-        client.send(get(path)).await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "{reply:?}");
+    for reply in &replies {
         assert_eq!(
             reply.header("transfer-encoding").as_deref(),
             Some("chunked")
@@ -845,14 +847,13 @@ async fn close_delimited_upstream_responses_are_re_framed_for_the_client() {
         assert_eq!(reply.body, b"hello world");
     }
     assert_eq!(backend.accepted(), 2, "a closed connection is never reused");
-    proxy.shutdown().await;
 }
 
 /// `103 Early Hints` before the final `200` is not forwarded: the client's first head is the
 /// 200, with its whole body; the upstream and client connections both stay reusable.
 #[tokio::test]
 async fn interim_upstream_responses_are_swallowed_before_the_final_one() {
-    let backend = RawBackend::spawn(
+    let (backend, replies) = two_gets_through(
         &[
             b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\nhello world",
@@ -860,42 +861,30 @@ async fn interim_upstream_responses_are_swallowed_before_the_final_one() {
         After::KeepServing,
     )
     .await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
-    let mut client = Client::connect(proxy.addr).await;
-    for path in ["/one", "/two"] {
-        client.send(get(path)).await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "the 103 was forwarded: {reply:?}");
+    for reply in &replies {
         assert_eq!(reply.header("link"), None, "{reply:?}");
         assert_eq!(reply.header("content-length").as_deref(), Some("11"));
         assert_eq!(reply.body, b"hello world");
     }
     assert_eq!(backend.answered(), 2);
     assert_eq!(backend.accepted(), 1, "the upstream connection was reused");
-    proxy.shutdown().await;
 }
 
 /// An HTTP/1.0 upstream response (no keep-alive) is forwarded as HTTP/1.1 with its body, and
 /// its connection is not reused even though this backend leaves it open.
 #[tokio::test]
 async fn http10_upstream_responses_are_forwarded_and_their_connection_not_reused() {
-    let backend = RawBackend::spawn(
+    let (backend, replies) = two_gets_through(
         &[b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\nhello world"],
         After::KeepServing,
     )
     .await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
-    let mut client = Client::connect(proxy.addr).await;
-    for path in ["/one", "/two"] {
-        client.send(get(path)).await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "{reply:?}");
+    for reply in &replies {
         assert_eq!(reply.body, b"hello world");
         assert_eq!(reply.header("connection"), None, "{reply:?}");
     }
     assert_eq!(backend.answered(), 2);
     assert_eq!(backend.accepted(), 2, "an HTTP/1.0 connection was reused");
-    proxy.shutdown().await;
 }
 
 /// An upstream body cut short (fewer bytes than its length, or no last chunk) is never
