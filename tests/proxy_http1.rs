@@ -822,7 +822,11 @@ async fn transfer_encoding_overrides_a_content_length_from_upstream() {
         assert_eq!(reply.header("content-length"), None, "{reply:?}");
         assert_eq!(reply.body, b"hello");
     }
-    assert_eq!(backend.accepted(), 1, "the upstream connection stayed in step");
+    assert_eq!(
+        backend.accepted(),
+        1,
+        "the upstream connection stayed in step"
+    );
 }
 
 /// A close-delimited upstream response (no length, `Connection: close`) is chunked for an
