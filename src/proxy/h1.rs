@@ -144,17 +144,22 @@ fn version_of(minor: Option<u8>) -> Version {
     }
 }
 
+/// The length of a complete head within [`MAX_HEAD`]; `None` while it is incomplete.
+fn head_len(parsed: httparse::Result<usize>, buffered: usize) -> Result<Option<usize>, H1Error> {
+    match parsed {
+        Ok(httparse::Status::Complete(len)) if len <= MAX_HEAD => Ok(Some(len)),
+        Ok(httparse::Status::Partial) if buffered <= MAX_HEAD => Ok(None),
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => Err(H1Error::HeadTooLarge),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Parses a request head from the front of `buf`, removing it; `None` until it is complete.
 pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);
-    let len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => return Err(H1Error::HeadTooLarge),
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
-        Err(e) => return Err(e.into()),
+    let Some(len) = head_len(req.parse(buf), buf.len())? else {
+        return Ok(None);
     };
     let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
         .map_err(|_| H1Error::Invalid("method"))?;
@@ -192,13 +197,8 @@ pub fn parse_response(
 ) -> Result<Option<ResponseHead>, H1Error> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut fields);
-    let len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => return Err(H1Error::HeadTooLarge),
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => return Err(H1Error::HeadTooLarge),
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(H1Error::HeadTooLarge),
-        Err(e) => return Err(e.into()),
+    let Some(len) = head_len(resp.parse(buf), buf.len())? else {
+        return Ok(None);
     };
     let status = StatusCode::from_u16(resp.code.unwrap_or_default())
         .map_err(|_| H1Error::Invalid("status code"))?;

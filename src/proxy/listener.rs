@@ -295,14 +295,6 @@ async fn serve_connection(
     mut shutdown: Shutdown,
 ) {
     let client = Arc::new(upstream::ClientConn::new(peer, tls.is_some(), worker));
-    let h2_service = {
-        let (inner, client) = (inner.clone(), client.clone());
-        service_fn(move |req| {
-            let (inner, client) = (inner.clone(), client.clone());
-            async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
-        })
-    };
-    let h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     let result = match tls {
         None => {
             let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -321,8 +313,7 @@ async fn serve_connection(
                         prefix: buf.freeze(),
                         inner: stream,
                     };
-                    let conn = h2.serve_connection(TokioIo::new(io), h2_service);
-                    watcher.watch(conn).await
+                    serve_h2(io, watcher, inner, client).await
                 }
             }
         }
@@ -343,13 +334,28 @@ async fn serve_connection(
                 ingress::serve(stream, BytesMut::new(), inner, client, shutdown).await;
                 return;
             }
-            let conn = h2.serve_connection(TokioIo::new(stream), h2_service);
-            watcher.watch(conn).await
+            serve_h2(stream, watcher, inner, client).await
         }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+}
+
+/// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`].
+async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: S,
+    watcher: hyper_util::server::graceful::Watcher,
+    inner: Arc<Inner>,
+    client: Arc<upstream::ClientConn>,
+) -> Result<(), hyper::Error> {
+    let service = service_fn(move |req| {
+        let (inner, client) = (inner.clone(), client.clone());
+        async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
+    });
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(io), service);
+    watcher.watch(conn).await
 }
 
 /// A stream whose first bytes were already read: they are read again before the rest.
