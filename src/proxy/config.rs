@@ -456,6 +456,8 @@ pub struct BackendUrl {
     pub base_path: String,
     /// The `Host` header of HTTP/1.1 requests to this backend.
     pub host: http::HeaderValue,
+    /// `scheme://authority` in lower case: which upstream connections can serve this backend.
+    pub origin: std::sync::Arc<str>,
 }
 
 impl BackendUrl {
@@ -482,11 +484,15 @@ impl BackendUrl {
         let base_path = uri.path().trim_end_matches('/').to_string();
         let host = http::HeaderValue::from_str(authority.as_str())
             .map_err(|_| "host is not a valid Host header".to_string())?;
+        let origin = format!("{scheme}://{authority}")
+            .to_ascii_lowercase()
+            .into();
         Ok(Self {
             scheme,
             authority,
             base_path,
             host,
+            origin,
         })
     }
 }

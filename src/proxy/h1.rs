@@ -3,6 +3,8 @@
 //! buffer, and bodies decoded incrementally (length, chunked, or until close) so a streamed
 //! body passes through piece by piece as it arrives.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
@@ -107,26 +109,31 @@ pub struct ResponseHead {
 /// can be split off the buffer (which httparse borrows) and then sliced without copying.
 type Span = (usize, usize, usize, usize);
 
+/// Room for httparse's header fields, left uninitialised: zeroing 128 of them for every head
+/// cost more than parsing it.
+type Fields<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
+
 fn span_of(base: &[u8], part: &[u8]) -> (usize, usize) {
     (part.as_ptr() as usize - base.as_ptr() as usize, part.len())
 }
 
-/// Records the spans of `fields` into `spans`; returns how many.
-fn spans_of(
-    base: &[u8],
-    fields: &[httparse::Header<'_>],
-    spans: &mut [Span; MAX_HEADERS],
-) -> usize {
-    for (span, h) in spans.iter_mut().zip(fields) {
-        let (n, nl) = span_of(base, h.name.as_bytes());
-        let (v, vl) = span_of(base, h.value);
-        *span = (n, nl, v, vl);
-    }
-    fields.len()
+fn spans_of(base: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
+    fields
+        .iter()
+        .map(|h| {
+            let (n, nl) = span_of(base, h.name.as_bytes());
+            let (v, vl) = span_of(base, h.value);
+            (n, nl, v, vl)
+        })
+        .collect()
 }
 
+/// Room for the fields the proxy adds to a forwarded message (`X-Forwarded-*`, `Forwarded`),
+/// so adding them does not grow the map.
+const ADDED_FIELDS: usize = 4;
+
 fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, H1Error> {
-    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut headers = HeaderMap::with_capacity(spans.len() + ADDED_FIELDS);
     for &(name_at, name_len, value_at, value_len) in spans {
         let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
             .map_err(|_| H1Error::Invalid("header name"))?;
@@ -156,21 +163,28 @@ fn head_len(parsed: httparse::Result<usize>, buffered: usize) -> Result<Option<u
 
 /// Parses a request head from the front of `buf`, removing it; `None` until it is complete.
 pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut fields);
-    let Some(len) = head_len(req.parse(buf), buf.len())? else {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    let mut fields: Fields<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut req,
+        buf,
+        &mut fields,
+    );
+    let Some(len) = head_len(parsed, buf.len())? else {
         return Ok(None);
     };
     let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
         .map_err(|_| H1Error::Invalid("method"))?;
     let target = span_of(buf, req.path.unwrap_or_default().as_bytes());
     let version = version_of(req.version);
-    let mut spans = [(0, 0, 0, 0); MAX_HEADERS];
-    let count = spans_of(buf, req.headers, &mut spans);
+    let spans = spans_of(buf, req.headers);
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| H1Error::Invalid("request target"))?;
-    let headers = header_map(&head, &spans[..count])?;
+    let headers = header_map(&head, &spans)?;
     // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
     match headers.get_all(header::HOST).iter().count() {
         0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
@@ -195,18 +209,25 @@ pub fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<ResponseHead>, H1Error> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut fields);
-    let Some(len) = head_len(resp.parse(buf), buf.len())? else {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    let mut fields: Fields<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut resp,
+        buf,
+        &mut fields,
+    );
+    let Some(len) = head_len(parsed, buf.len())? else {
         return Ok(None);
     };
     let status = StatusCode::from_u16(resp.code.unwrap_or_default())
         .map_err(|_| H1Error::Invalid("status code"))?;
     let version = version_of(resp.version);
-    let mut spans = [(0, 0, 0, 0); MAX_HEADERS];
-    let count = spans_of(buf, resp.headers, &mut spans);
+    let spans = spans_of(buf, resp.headers);
     let head = buf.split_to(len).freeze();
-    let mut headers = header_map(&head, &spans[..count])?;
+    let mut headers = header_map(&head, &spans)?;
     let framing = response_framing(status, &headers, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
     if headers.contains_key(header::TRANSFER_ENCODING) {

@@ -6,7 +6,6 @@
 //! costs no task hand-off, channel or second HTTP state machine, which on a busy proxy was most
 //! of its own CPU time. Backends that choose HTTP/2 by ALPN share one hyper HTTP/2 connection.
 
-use std::collections::HashMap;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderMap;
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Full;
@@ -65,10 +64,15 @@ pub struct UpstreamRequest<'a> {
     pub declare_length: bool,
 }
 
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct Key {
-    scheme: Scheme,
-    authority: Authority,
+/// A backend's origin ([`BackendUrl::origin`]), as the pool files its connections. Requests
+/// share the backend's one `Arc`, so a lookup is normally a pointer comparison.
+#[derive(Clone)]
+struct Key(Arc<str>);
+
+impl Key {
+    fn is(&self, other: &Key) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
 }
 
 /// A backend connection's transport.
@@ -180,7 +184,8 @@ struct Slot {
 pub struct WorkerPool {
     tls: TlsConnector,
     connect_timeout: Duration,
-    slots: Mutex<HashMap<Key, Slot>>,
+    /// By backend; a handful, so a scan beats hashing.
+    slots: Mutex<Vec<(Key, Slot)>>,
     max_idle: usize,
     idle_timeout: Duration,
 }
@@ -202,7 +207,7 @@ impl WorkerPool {
         Self {
             tls,
             connect_timeout,
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
         }
@@ -217,15 +222,12 @@ impl WorkerPool {
         backend: &BackendUrl,
         req: UpstreamRequest<'_>,
     ) -> Result<Response<UpstreamBody>, PoolError> {
-        let key = Key {
-            scheme: backend.scheme.clone(),
-            authority: backend.authority.clone(),
-        };
+        let key = Key(backend.origin.clone());
         let mut fresh_only = false;
         loop {
             let sender = match (!fresh_only).then(|| self.check_out(&key)).flatten() {
                 Some(sender) => sender,
-                None => self.connect(&key).await?,
+                None => self.connect(&key, backend).await?,
             };
             match sender {
                 Sender::H2(send) => return self.send_h2(send, &key, backend, &req).await,
@@ -340,8 +342,8 @@ impl WorkerPool {
         let mut request = Request::new(Full::new(req.body.clone()));
         *request.method_mut() = req.method.clone();
         *request.uri_mut() = Uri::builder()
-            .scheme(key.scheme.clone())
-            .authority(key.authority.clone())
+            .scheme(backend.scheme.clone())
+            .authority(backend.authority.clone())
             .path_and_query(path)
             .build()
             .map_err(|e| PoolError::Request(e.to_string()))?;
@@ -361,7 +363,7 @@ impl WorkerPool {
     /// connection.
     fn check_out(&self, key: &Key) -> Option<Sender> {
         let mut slots = self.slots.lock();
-        let slot = slots.get_mut(key)?;
+        let slot = slots.iter_mut().find(|(k, _)| k.is(key)).map(|(_, s)| s)?;
         if let Some(h2) = &slot.h2 {
             if !h2.is_closed() {
                 return Some(Sender::H2(h2.clone()));
@@ -382,7 +384,7 @@ impl WorkerPool {
 
     fn check_in(&self, key: &Key, conn: H1Conn) {
         let mut slots = self.slots.lock();
-        let slot = slots.entry(key.clone()).or_default();
+        let slot = slot_of(&mut slots, key);
         if slot.idle.len() < self.max_idle {
             slot.idle.push(Idle {
                 conn,
@@ -392,17 +394,17 @@ impl WorkerPool {
     }
 
     fn forget_h2(&self, key: &Key) {
-        if let Some(slot) = self.slots.lock().get_mut(key) {
+        if let Some((_, slot)) = self.slots.lock().iter_mut().find(|(k, _)| k.is(key)) {
             slot.h2 = None;
         }
     }
 
     /// Opens a connection (TLS with ALPN for `https`); an HTTP/2 one gets its task on this
     /// thread and is shared from then on.
-    async fn connect(&self, key: &Key) -> Result<Sender, PoolError> {
-        let https = key.scheme == Scheme::HTTPS;
-        let host = key.authority.host();
-        let port = key
+    async fn connect(&self, key: &Key, backend: &BackendUrl) -> Result<Sender, PoolError> {
+        let https = backend.scheme == Scheme::HTTPS;
+        let host = backend.authority.host();
+        let port = backend
             .authority
             .port_u16()
             .unwrap_or(if https { 443 } else { 80 });
@@ -453,7 +455,7 @@ impl WorkerPool {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
             }
         });
-        self.slots.lock().entry(key.clone()).or_default().h2 = Some(send.clone());
+        slot_of(&mut self.slots.lock(), key).h2 = Some(send.clone());
         Ok(Sender::H2(send))
     }
 
@@ -461,15 +463,27 @@ impl WorkerPool {
     pub fn reap(&self) {
         let now = Instant::now();
         let mut slots = self.slots.lock();
-        for slot in slots.values_mut() {
+        for (_, slot) in slots.iter_mut() {
             slot.idle
                 .retain(|i| now.duration_since(i.since) <= self.idle_timeout);
             if slot.h2.as_ref().is_some_and(|h| h.is_closed()) {
                 slot.h2 = None;
             }
         }
-        slots.retain(|_, s| !s.idle.is_empty() || s.h2.is_some());
+        slots.retain(|(_, s)| !s.idle.is_empty() || s.h2.is_some());
     }
+}
+
+/// The slot filed under `key`, added if there is none.
+fn slot_of<'a>(slots: &'a mut Vec<(Key, Slot)>, key: &Key) -> &'a mut Slot {
+    let at = match slots.iter().position(|(k, _)| k.is(key)) {
+        Some(at) => at,
+        None => {
+            slots.push((key.clone(), Slot::default()));
+            slots.len() - 1
+        }
+    };
+    &mut slots[at].1
 }
 
 /// How an HTTP/1.1 attempt failed.

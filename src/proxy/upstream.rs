@@ -116,19 +116,21 @@ fn tls_client_config(
         .with_no_client_auth())
 }
 
-/// Hop-by-hop headers never forwarded (RFC 9110 §7.6.1), plus `host` (rebuilt from the
-/// backend URL) and `expect` (the proxy already holds the whole body).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-];
+/// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+    )
+}
 
 // Names built once: inserting by `&str` parses the name on every request.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -136,16 +138,26 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-backend");
 
-/// Removes hop-by-hop headers, including the ones `Connection` names.
+/// Removes hop-by-hop headers, including the ones `Connection` names. Most messages have
+/// none, which one pass over the names tells without a lookup for each.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    let mut names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
         .collect();
-    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+    names.extend(
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
+    );
+    for name in &names {
         headers.remove(name);
     }
 }
@@ -251,6 +263,8 @@ impl<F: std::future::Future> std::future::Future for Counted<F> {
 pub struct ClientConn {
     /// The client's IP address, as `X-Forwarded-For` lists it.
     ip: String,
+    /// `ip` as a header value, for the usual request that brings no `X-Forwarded-For`.
+    ip_value: HeaderValue,
     /// The `for=` element of `Forwarded` (IPv6 quoted and bracketed).
     forwarded_for: String,
     /// Whether the client connected with TLS.
@@ -263,8 +277,11 @@ impl ClientConn {
     /// The shared view of a connection from `peer`.
     pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
         let ip = peer.ip();
+        let text = ip.to_string();
         Self {
-            ip: ip.to_string(),
+            // An IP address is always a valid header value.
+            ip_value: HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("unknown")),
+            ip: text,
             forwarded_for: if ip.is_ipv6() {
                 format!("for=\"[{ip}]\"")
             } else {
@@ -553,24 +570,48 @@ fn exchange_start(
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
 fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMap {
     strip_hop_by_hop(&mut h);
-    h.remove(header::EXPECT);
+    // One pass over the names says which of the lookups below can find anything.
+    let (mut expect, mut length, mut xff, mut forwarded_prev, mut xfh) =
+        (false, false, false, false, false);
+    for name in h.keys() {
+        match name.as_str() {
+            "expect" => expect = true,
+            "content-length" => length = true,
+            "x-forwarded-for" => xff = true,
+            "forwarded" => forwarded_prev = true,
+            "x-forwarded-host" => xfh = true,
+            _ => {}
+        }
+    }
+    if expect {
+        h.remove(header::EXPECT);
+    }
     // The pool declares the length of the body it sends.
-    h.remove(header::CONTENT_LENGTH);
+    if length {
+        h.remove(header::CONTENT_LENGTH);
+    }
     let host = h.remove(header::HOST).or_else(|| {
         uri.authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
     let proto = if client.tls { "https" } else { "http" };
-    let xff = match h.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.ip)),
-        None => HeaderValue::from_str(&client.ip),
+    let xff = match xff.then(|| h.get(X_FORWARDED_FOR)).flatten() {
+        Some(prev) => prev
+            .to_str()
+            .ok()
+            .and_then(|prev| HeaderValue::from_str(&format!("{prev}, {}", client.ip)).ok()),
+        None => Some(client.ip_value.clone()),
     };
-    if let Ok(v) = xff {
+    if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR, v);
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     let mut forwarded = String::with_capacity(96);
-    if let Some(prev) = h.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+    if let Some(prev) = forwarded_prev
+        .then(|| h.get(header::FORWARDED))
+        .flatten()
+        .and_then(|v| v.to_str().ok())
+    {
         forwarded.push_str(prev);
         forwarded.push_str(", ");
     }
@@ -581,11 +622,11 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
         forwarded.push_str(";host=\"");
         forwarded.push_str(value.to_str().unwrap_or_default());
         forwarded.push('"');
-        if !h.contains_key(X_FORWARDED_HOST) {
+        if !xfh {
             h.insert(X_FORWARDED_HOST, value);
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         h.insert(header::FORWARDED, v);
     }
     h
@@ -781,6 +822,34 @@ mod tests {
         );
         assert_eq!(out["x-forwarded-host"], "proxy.local");
         assert!(!out.contains_key("host"));
+    }
+
+    #[test]
+    fn forwarded_headers_keep_earlier_hops_and_drop_what_the_proxy_redoes() {
+        let mut h = HeaderMap::new();
+        h.insert("host", "proxy.local".parse().unwrap());
+        h.insert("forwarded", "for=10.0.0.1".parse().unwrap());
+        h.insert("x-forwarded-host", "origin.example".parse().unwrap());
+        h.insert("expect", "100-continue".parse().unwrap());
+        h.insert("content-length", "2".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        h.insert("x-session-id", "s1".parse().unwrap());
+        let out = forward_headers(
+            h,
+            &Uri::from_static("/"),
+            &ClientConn::new("[2001:db8::1]:5000".parse().unwrap(), true, 0),
+        );
+        assert_eq!(
+            out["forwarded"],
+            "for=10.0.0.1, for=\"[2001:db8::1]\";proto=https;host=\"proxy.local\""
+        );
+        assert_eq!(out["x-forwarded-host"], "origin.example");
+        assert_eq!(out["x-forwarded-for"], "2001:db8::1");
+        assert_eq!(out["x-forwarded-proto"], "https");
+        for gone in ["expect", "content-length", "te", "host"] {
+            assert!(!out.contains_key(gone), "{gone} was forwarded: {out:?}");
+        }
+        assert_eq!(out["x-session-id"], "s1");
     }
 
     #[test]
