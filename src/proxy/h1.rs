@@ -185,14 +185,15 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| H1Error::Invalid("request target"))?;
     let headers = header_map(&head, &spans)?;
+    let seen = Seen::of(&headers);
     // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
-    match headers.get_all(header::HOST).iter().count() {
+    match seen.hosts {
         0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
         0 | 1 => {}
         _ => return Err(H1Error::Invalid("Host (more than one)")),
     }
-    let framing = request_framing(&headers)?;
-    let keep_alive = keeps_alive(version, &headers);
+    let framing = request_framing(&headers, seen)?;
+    let keep_alive = keeps_alive(version, &headers, seen);
     Ok(Some(RequestHead {
         method,
         uri,
@@ -228,12 +229,13 @@ pub fn parse_response(
     let spans = spans_of(buf, resp.headers);
     let head = buf.split_to(len).freeze();
     let mut headers = header_map(&head, &spans)?;
-    let framing = response_framing(status, &headers, head_request)?;
+    let seen = Seen::of(&headers);
+    let framing = response_framing(status, &headers, seen, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if seen.transfer_encoding && seen.content_length {
         headers.remove(header::CONTENT_LENGTH);
     }
-    let keep_alive = keeps_alive(version, &headers) && framing != Framing::UntilClose;
+    let keep_alive = keeps_alive(version, &headers, seen) && framing != Framing::UntilClose;
     Ok(Some(ResponseHead {
         status,
         version,
@@ -252,7 +254,38 @@ pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
-fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+/// Which of the fields that frame a message a head carries, told by one pass over its names,
+/// so the rules below look up only the fields that are there.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    hosts: usize,
+    content_length: bool,
+    transfer_encoding: bool,
+    connection: bool,
+}
+
+impl Seen {
+    fn of(headers: &HeaderMap) -> Self {
+        let mut seen = Seen::default();
+        for (name, _) in headers {
+            if name == header::HOST {
+                seen.hosts += 1;
+            } else if name == header::CONTENT_LENGTH {
+                seen.content_length = true;
+            } else if name == header::TRANSFER_ENCODING {
+                seen.transfer_encoding = true;
+            } else if name == header::CONNECTION {
+                seen.connection = true;
+            }
+        }
+        seen
+    }
+}
+
+fn keeps_alive(version: Version, headers: &HeaderMap, seen: Seen) -> bool {
+    if !seen.connection {
+        return version != Version::HTTP_10;
+    }
     if version == Version::HTTP_10 {
         connection_has(headers, "keep-alive")
     } else {
@@ -299,10 +332,13 @@ fn chunked_last(headers: &HeaderMap) -> Option<bool> {
         .map(|c| c.eq_ignore_ascii_case(b"chunked"))
 }
 
-fn request_framing(headers: &HeaderMap) -> Result<Framing, H1Error> {
+fn request_framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
+    if !seen.transfer_encoding && !seen.content_length {
+        return Ok(Framing::Empty);
+    }
     match chunked_last(headers) {
         // Both headers is how requests are smuggled past a proxy: refuse it.
-        Some(_) if headers.contains_key(header::CONTENT_LENGTH) => Err(H1Error::Framing(
+        Some(_) if seen.content_length => Err(H1Error::Framing(
             "both transfer-encoding and content-length",
         )),
         // A coding under the chunks (gzip, …) would be lost in the length-framed copy sent on.
@@ -318,6 +354,7 @@ fn request_framing(headers: &HeaderMap) -> Result<Framing, H1Error> {
 fn response_framing(
     status: StatusCode,
     headers: &HeaderMap,
+    seen: Seen,
     head_request: bool,
 ) -> Result<Framing, H1Error> {
     if head_request
@@ -327,9 +364,14 @@ fn response_framing(
     {
         return Ok(Framing::Empty);
     }
-    Ok(match chunked_last(headers) {
+    let chunked = seen
+        .transfer_encoding
+        .then(|| chunked_last(headers))
+        .flatten();
+    Ok(match chunked {
         Some(true) => Framing::Chunked,
         Some(false) => Framing::UntilClose,
+        None if !seen.content_length => Framing::UntilClose,
         None => match content_length(headers)? {
             Some(0) => Framing::Empty,
             Some(n) => Framing::Length(n),

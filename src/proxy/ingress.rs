@@ -3,6 +3,7 @@
 //! body arrives. While the backend works, the connection is still read, so a client that
 //! hangs up takes the upstream request down with it.
 
+use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,14 +36,16 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     buf: BytesMut,
     inner: Arc<Inner>,
     client: Arc<ClientConn>,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     let mut conn = Conn {
         io,
         buf,
         out: Vec::with_capacity(4096),
     };
-    while let Next::KeepAlive = conn.exchange(&inner, &client, &mut shutdown).await {}
+    // One wait for the connection's life: it registers once, not once per request.
+    let mut stop = std::pin::pin!(shutdown.clone().signalled());
+    while let Next::KeepAlive = conn.exchange(&inner, &client, &shutdown, &mut stop).await {}
     let _ = conn.io.shutdown().await;
 }
 
@@ -96,7 +99,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         &mut self,
         inner: &Arc<Inner>,
         client: &ClientConn,
-        shutdown: &mut Shutdown,
+        shutdown: &Shutdown,
+        stop: &mut Pin<&mut impl Future<Output = ()>>,
     ) -> Next {
         let head = loop {
             match h1::parse_request(&mut self.buf) {
@@ -114,7 +118,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let idle = self.buf.is_empty();
             let read = tokio::select! {
                 read = self.read_more() => read,
-                () = shutdown.wait(), if idle => return Next::Close,
+                () = stop.as_mut(), if idle => return Next::Close,
             };
             if !matches!(read, Ok(n) if n > 0) {
                 return Next::Close;

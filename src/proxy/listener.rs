@@ -217,6 +217,9 @@ async fn worker_loop(
 ) {
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    // Connections watch this worker's own copy of the signal, which every idle keep-alive
+    // connection polls between requests: no lock another thread takes.
+    let (stop_connections, connection_shutdown) = crate::shutdown::channel();
     loop {
         tokio::select! {
             _ = shutdown.wait() => break,
@@ -231,7 +234,8 @@ async fn worker_loop(
                     }
                 };
                 let watcher = graceful.watcher();
-                let (inner, tls, shutdown) = (inner.clone(), tls.clone(), shutdown.clone());
+                let (inner, tls, shutdown) =
+                    (inner.clone(), tls.clone(), connection_shutdown.clone());
                 connections.spawn(async move {
                     serve_connection(stream, peer, tls, watcher, inner, worker, shutdown).await;
                     drop(guard);
@@ -239,6 +243,7 @@ async fn worker_loop(
             }
         }
     }
+    stop_connections.fire();
     drop(handed);
     let open = connections.len();
     if open > 0 {

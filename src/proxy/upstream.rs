@@ -398,7 +398,7 @@ pub async fn forward(
     let upstream_pool = inner.worker_pools.read()[client.worker].clone();
     let retries = inner.retries.load(Ordering::Relaxed) as usize;
     let mut tried: Vec<usize> = Vec::new();
-    let mut overhead = request_received_at.elapsed();
+    let mut overhead = Duration::ZERO;
 
     let (backend, in_flight, response, sent_at) = loop {
         let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
