@@ -683,6 +683,10 @@ async fn https_backends_use_the_ca_file_and_the_negotiated_protocol() {
         }
         assert_eq!(backend.last_version(), Some(version));
         assert_eq!(backend.serving_connections(), 1);
+        let seen = backend.last_headers().unwrap();
+        assert_eq!(seen["x-session-id"], "tls", "{version:?}");
+        assert_eq!(seen["x-forwarded-for"], "127.0.0.1", "{version:?}");
+        assert_eq!(seen["x-forwarded-proto"], "http", "{version:?}");
         if version == http::Version::HTTP_11 {
             // (HTTP/2 carries it as the :authority of the request URI instead.)
             assert_eq!(

@@ -381,7 +381,10 @@ fn response_framing(
 }
 
 /// Appends `name: value\r\n` for every header.
-fn put_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
+fn put_headers<'h>(
+    out: &mut Vec<u8>,
+    headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+) {
     for (name, value) in headers {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
@@ -406,12 +409,12 @@ fn put_decimal(out: &mut Vec<u8>, mut n: u64) {
 
 /// Writes an HTTP/1.1 request head: `target` is the origin-form path, `host` the backend's,
 /// `headers` the forwarded ones (without `Host`, `Content-Length` or hop-by-hop fields).
-pub fn put_request_head(
+pub fn put_request_head<'h>(
     out: &mut Vec<u8>,
     method: &Method,
     target: &[&str],
     host: &HeaderValue,
-    headers: &HeaderMap,
+    headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
     content_length: Option<u64>,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());

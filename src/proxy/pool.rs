@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::HeaderMap;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -57,11 +57,50 @@ pub struct UpstreamRequest<'a> {
     /// Origin-form path and query, before the backend's base path is put in front.
     pub path_and_query: &'a PathAndQuery,
     /// Forwarded headers.
-    pub headers: &'a HeaderMap,
+    pub headers: &'a ForwardedHeaders,
     /// The whole body.
     pub body: &'a Bytes,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
     pub declare_length: bool,
+}
+
+/// The headers sent to a backend: the client's, less hop-by-hop fields and the ones the proxy
+/// sets itself, then the proxy's own (`X-Forwarded-*`, `Forwarded`). The two are kept apart
+/// and merged as the head is written, which spares a map lookup for every field edited.
+#[derive(Debug, Default)]
+pub struct ForwardedHeaders {
+    /// The client's fields, hop-by-hop ones already removed.
+    pub client: HeaderMap,
+    /// Fields the proxy sets; a client field of the same name is not sent.
+    pub added: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl ForwardedHeaders {
+    /// Every field to send, in order: the client's that are kept, then the added ones.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.client
+            .iter()
+            .filter(|(name, _)| !self.replaces(name))
+            .chain(self.added.iter().map(|(name, value)| (name, value)))
+    }
+
+    /// `Host` comes from the backend URL, `Content-Length` from the body sent, and `Expect`
+    /// was answered by the proxy, which holds the whole body.
+    fn replaces(&self, name: &HeaderName) -> bool {
+        name == header::HOST
+            || name == header::CONTENT_LENGTH
+            || name == header::EXPECT
+            || self.added.iter().any(|(added, _)| added == name)
+    }
+
+    /// The same fields as one map (for HTTP/2 and for tests).
+    pub fn to_map(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(self.client.len() + self.added.len());
+        for (name, value) in self.iter() {
+            map.append(name.clone(), value.clone());
+        }
+        map
+    }
 }
 
 /// A backend's origin ([`BackendUrl::origin`]), as the pool files its connections. Requests
@@ -262,7 +301,7 @@ impl WorkerPool {
             req.method,
             &[&backend.base_path, req.path_and_query.as_str()],
             &backend.host,
-            req.headers,
+            req.headers.iter(),
             length,
         );
         let written = if req.body.len() <= COPY_BODY_MAX {
@@ -347,7 +386,7 @@ impl WorkerPool {
             .path_and_query(path)
             .build()
             .map_err(|e| PoolError::Request(e.to_string()))?;
-        *request.headers_mut() = req.headers.clone();
+        *request.headers_mut() = req.headers.to_map();
         match send.send_request(request).await {
             Ok(resp) => Ok(resp.map(UpstreamBody::H2)),
             Err(e) => {

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::health;
 use super::metrics::{BackendMetrics, ErrorKind};
-use super::pool::{PoolError, UpstreamBody, UpstreamRequest, WorkerPool};
+use super::pool::{ForwardedHeaders, PoolError, UpstreamBody, UpstreamRequest, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
@@ -568,33 +568,24 @@ fn exchange_start(
 }
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMap {
+fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> ForwardedHeaders {
     strip_hop_by_hop(&mut h);
     // One pass over the names says which of the lookups below can find anything.
-    let (mut expect, mut length, mut xff, mut forwarded_prev, mut xfh) =
-        (false, false, false, false, false);
+    let (mut xff, mut forwarded_prev, mut xfh) = (false, false, false);
     for name in h.keys() {
         match name.as_str() {
-            "expect" => expect = true,
-            "content-length" => length = true,
             "x-forwarded-for" => xff = true,
             "forwarded" => forwarded_prev = true,
             "x-forwarded-host" => xfh = true,
             _ => {}
         }
     }
-    if expect {
-        h.remove(header::EXPECT);
-    }
-    // The pool declares the length of the body it sends.
-    if length {
-        h.remove(header::CONTENT_LENGTH);
-    }
-    let host = h.remove(header::HOST).or_else(|| {
+    let host = h.get(header::HOST).cloned().or_else(|| {
         uri.authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
     let proto = if client.tls { "https" } else { "http" };
+    let mut added = Vec::with_capacity(4);
     let xff = match xff.then(|| h.get(X_FORWARDED_FOR)).flatten() {
         Some(prev) => prev
             .to_str()
@@ -603,9 +594,9 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
         None => Some(client.ip_value.clone()),
     };
     if let Some(v) = xff {
-        h.insert(X_FORWARDED_FOR, v);
+        added.push((X_FORWARDED_FOR, v));
     }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    added.push((X_FORWARDED_PROTO, HeaderValue::from_static(proto)));
     let mut forwarded = String::with_capacity(96);
     if let Some(prev) = forwarded_prev
         .then(|| h.get(header::FORWARDED))
@@ -623,13 +614,13 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> HeaderMa
         forwarded.push_str(value.to_str().unwrap_or_default());
         forwarded.push('"');
         if !xfh {
-            h.insert(X_FORWARDED_HOST, value);
+            added.push((X_FORWARDED_HOST, value));
         }
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
-        h.insert(header::FORWARDED, v);
+        added.push((header::FORWARDED, v));
     }
-    h
+    ForwardedHeaders { client: h, added }
 }
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
@@ -814,7 +805,8 @@ mod tests {
             h,
             &Uri::from_static("/"),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
-        );
+        )
+        .to_map();
         assert_eq!(out["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
         assert_eq!(
             out["forwarded"],
@@ -838,7 +830,8 @@ mod tests {
             h,
             &Uri::from_static("/"),
             &ClientConn::new("[2001:db8::1]:5000".parse().unwrap(), true, 0),
-        );
+        )
+        .to_map();
         assert_eq!(
             out["forwarded"],
             "for=10.0.0.1, for=\"[2001:db8::1]\";proto=https;host=\"proxy.local\""
