@@ -9,7 +9,8 @@
 //! `--loads 8,64` (connections per run), `--sse-streams N` (default 32), `--sse-interval-us N`
 //! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run),
 //! `--rates 2000,8000` (open-loop request rates for the moderate-load latency table; empty
-//! to skip).
+//! to skip), `--wrap "CMD ARGS"` (start agentrace under a profiler, as
+//! `scripts/proxy-instructions.sh` does).
 //! Load generator, backends and proxies share the machine's cores, so req/s are noisy; the proxy
 //! CPU column (user + system time of the proxy processes per request) is the steadier figure;
 //! compare targets within one run, not across machines.
@@ -44,6 +45,7 @@ struct Args {
     rust_client: bool,
     only: Option<Vec<String>>,
     rates: Vec<f64>,
+    wrap: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -56,6 +58,7 @@ fn parse_args() -> Args {
         rust_client: false,
         only: None,
         rates: vec![2_000.0, 8_000.0],
+        wrap: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -77,6 +80,7 @@ fn parse_args() -> Args {
                 a.sse_interval = Duration::from_micros(value().parse().expect("--sse-interval-us"))
             }
             "--rust-client" => a.rust_client = true,
+            "--wrap" => a.wrap = value().split_whitespace().map(str::to_string).collect(),
             "--rates" => {
                 a.rates = value()
                     .split(',')
@@ -207,7 +211,7 @@ fn installed(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn start_agentrace(dir: &Path, backends: &[SocketAddr]) -> Target {
+async fn start_agentrace(dir: &Path, backends: &[SocketAddr], wrap: &[String]) -> Target {
     let mut toml = String::from("listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!(
@@ -216,7 +220,16 @@ async fn start_agentrace(dir: &Path, backends: &[SocketAddr]) -> Target {
     }
     let path = dir.join("agentrace.toml");
     std::fs::write(&path, toml).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+    let binary = env!("CARGO_BIN_EXE_agentrace");
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = tokio::process::Command::new(program);
+            c.args(args).arg(binary);
+            c
+        }
+        None => tokio::process::Command::new(binary),
+    };
+    let mut child = command
         .args(["proxy", "--config"])
         .arg(&path)
         .env("RUST_LOG", "warn")
@@ -691,7 +704,7 @@ async fn run(args: Args) {
         _child: None,
     }];
     if wanted("agentrace") {
-        targets.push(start_agentrace(dir.path(), &backends).await);
+        targets.push(start_agentrace(dir.path(), &backends, &args.wrap).await);
     }
     match installed("nginx") {
         Some(p) if wanted("nginx") => targets.push(start_nginx(&p, dir.path(), &backends).await),
