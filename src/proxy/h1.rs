@@ -128,9 +128,21 @@ fn spans_of(base: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
         .collect()
 }
 
-/// Room for the fields the proxy adds to a forwarded message (`X-Forwarded-*`, `Forwarded`),
-/// so adding them does not grow the map.
-const ADDED_FIELDS: usize = 4;
+/// Room for the fields the proxy may add to a response (`X-Agentrace-Backend`, a declared
+/// `Content-Length`), so adding them does not grow the map.
+const ADDED_FIELDS: usize = 2;
+
+/// Splits the parsed head (`len` bytes) off `buf` and copies its fields out as slices of it.
+fn take_head(
+    buf: &mut BytesMut,
+    len: usize,
+    spans: &[Span],
+) -> Result<(Bytes, HeaderMap, Seen), H1Error> {
+    let head = buf.split_to(len).freeze();
+    let headers = header_map(&head, spans)?;
+    let seen = Seen::of(&headers);
+    Ok((head, headers, seen))
+}
 
 fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, H1Error> {
     let mut headers = HeaderMap::with_capacity(spans.len() + ADDED_FIELDS);
@@ -181,11 +193,9 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
     let target = span_of(buf, req.path.unwrap_or_default().as_bytes());
     let version = version_of(req.version);
     let spans = spans_of(buf, req.headers);
-    let head = buf.split_to(len).freeze();
+    let (head, headers, seen) = take_head(buf, len, &spans)?;
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
         .map_err(|_| H1Error::Invalid("request target"))?;
-    let headers = header_map(&head, &spans)?;
-    let seen = Seen::of(&headers);
     // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
     match seen.hosts {
         0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
@@ -227,9 +237,7 @@ pub fn parse_response(
         .map_err(|_| H1Error::Invalid("status code"))?;
     let version = version_of(resp.version);
     let spans = spans_of(buf, resp.headers);
-    let head = buf.split_to(len).freeze();
-    let mut headers = header_map(&head, &spans)?;
-    let seen = Seen::of(&headers);
+    let (_, mut headers, seen) = take_head(buf, len, &spans)?;
     let framing = response_framing(status, &headers, seen, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
     if seen.transfer_encoding && seen.content_length {

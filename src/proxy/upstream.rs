@@ -262,9 +262,7 @@ impl<F: std::future::Future> std::future::Future for Counted<F> {
 /// headers say it (formatted once per connection), and which worker serves it.
 pub struct ClientConn {
     /// The client's IP address, as `X-Forwarded-For` lists it.
-    ip: String,
-    /// `ip` as a header value, for the usual request that brings no `X-Forwarded-For`.
-    ip_value: HeaderValue,
+    ip: HeaderValue,
     /// The `for=` element of `Forwarded` (IPv6 quoted and bracketed).
     forwarded_for: String,
     /// Whether the client connected with TLS.
@@ -277,11 +275,10 @@ impl ClientConn {
     /// The shared view of a connection from `peer`.
     pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
         let ip = peer.ip();
-        let text = ip.to_string();
         Self {
             // An IP address is always a valid header value.
-            ip_value: HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("unknown")),
-            ip: text,
+            ip: HeaderValue::from_str(&ip.to_string())
+                .unwrap_or(HeaderValue::from_static("unknown")),
             forwarded_for: if ip.is_ipv6() {
                 format!("for=\"[{ip}]\"")
             } else {
@@ -587,11 +584,11 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> Forwarde
     let proto = if client.tls { "https" } else { "http" };
     let mut added = Vec::with_capacity(4);
     let xff = match xff.then(|| h.get(X_FORWARDED_FOR)).flatten() {
-        Some(prev) => prev
-            .to_str()
-            .ok()
-            .and_then(|prev| HeaderValue::from_str(&format!("{prev}, {}", client.ip)).ok()),
-        None => Some(client.ip_value.clone()),
+        Some(prev) => prev.to_str().ok().and_then(|prev| {
+            let ip = client.ip.to_str().unwrap_or_default();
+            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
+        }),
+        None => Some(client.ip.clone()),
     };
     if let Some(v) = xff {
         added.push((X_FORWARDED_FOR, v));
