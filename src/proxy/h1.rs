@@ -1,13 +1,15 @@
 //! HTTP/1.1 wire format of the forwarding path: request and response heads parsed (httparse)
-//! into `http` types whose values point into the read buffer, heads written back out in one
-//! buffer, and bodies decoded incrementally (length, chunked, or until close) so a streamed
-//! body passes through piece by piece as it arrives.
+//! into fields left in the read buffer (a response's then into a map whose values share it),
+//! heads written back out in one buffer, and bodies decoded incrementally (length, chunked, or
+//! until close) so a streamed body passes through piece by piece as it arrives.
 
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
+
+use super::fields::{Fields, Span, WireFields};
 
 /// The largest request or response head accepted (larger: 431, or an upstream error).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -82,8 +84,8 @@ pub struct RequestHead {
     pub uri: Uri,
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
-    /// Header fields, values sharing the read buffer.
-    pub headers: HeaderMap,
+    /// Header fields, as spans of the head.
+    pub headers: WireFields,
     /// How the body is delimited.
     pub framing: Framing,
     /// Whether the client wants the connection kept open after this exchange.
@@ -105,18 +107,20 @@ pub struct ResponseHead {
     pub keep_alive: bool,
 }
 
-/// Where a header's name and value lie in the head (offset and length of each), so the head
-/// can be split off the buffer (which httparse borrows) and then sliced without copying.
-type Span = (usize, usize, usize, usize);
-
 /// Room for httparse's header fields, left uninitialised: zeroing 128 of them for every head
 /// cost more than parsing it.
-type Fields<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
+type Slots<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
 
-fn span_of(base: &[u8], part: &[u8]) -> (usize, usize) {
-    (part.as_ptr() as usize - base.as_ptr() as usize, part.len())
+fn span_of(base: &[u8], part: &[u8]) -> (u32, u32) {
+    // Within a head of at most MAX_HEAD bytes.
+    (
+        (part.as_ptr() as usize - base.as_ptr() as usize) as u32,
+        part.len() as u32,
+    )
 }
 
+/// Where each field lies in `base`, so the head can be split off the buffer (which httparse
+/// borrows) and its fields then read in place.
 fn spans_of(base: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
     fields
         .iter()
@@ -132,25 +136,19 @@ fn spans_of(base: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
 /// `Content-Length`), so adding them does not grow the map.
 const ADDED_FIELDS: usize = 2;
 
-/// Splits the parsed head (`len` bytes) off `buf` and copies its fields out as slices of it.
-fn take_head(
-    buf: &mut BytesMut,
-    len: usize,
-    spans: &[Span],
-) -> Result<(Bytes, HeaderMap, Seen), H1Error> {
-    let head = buf.split_to(len).freeze();
-    let headers = header_map(&head, spans)?;
-    let seen = Seen::of(&headers);
-    Ok((head, headers, seen))
+/// Splits the parsed head (`len` bytes) off `buf`, its fields at `spans`.
+fn take_head(buf: &mut BytesMut, len: usize, spans: Vec<Span>) -> (WireFields, Seen) {
+    let fields = WireFields::new(buf.split_to(len).freeze(), spans);
+    let seen = Seen::of(&fields);
+    (fields, seen)
 }
 
-fn header_map(head: &Bytes, spans: &[Span]) -> Result<HeaderMap, H1Error> {
-    let mut headers = HeaderMap::with_capacity(spans.len() + ADDED_FIELDS);
-    for &(name_at, name_len, value_at, value_len) in spans {
-        let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
-            .map_err(|_| H1Error::Invalid("header name"))?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
-            .map_err(|_| H1Error::Invalid("header value"))?;
+fn header_map(fields: &WireFields) -> Result<HeaderMap, H1Error> {
+    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_FIELDS);
+    for (name, value) in fields.shared_pairs() {
+        let name = HeaderName::from_bytes(name).map_err(|_| H1Error::Invalid("header name"))?;
+        let value =
+            HeaderValue::from_maybe_shared(value).map_err(|_| H1Error::Invalid("header value"))?;
         headers.append(name, value);
     }
     Ok(headers)
@@ -178,7 +176,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
     if buf.is_empty() {
         return Ok(None);
     }
-    let mut fields: Fields<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut fields: Slots<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut []);
     let parsed = httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut req,
@@ -190,12 +188,14 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
     };
     let method = Method::from_bytes(req.method.unwrap_or_default().as_bytes())
         .map_err(|_| H1Error::Invalid("method"))?;
-    let target = span_of(buf, req.path.unwrap_or_default().as_bytes());
+    let (target, target_len) = span_of(buf, req.path.unwrap_or_default().as_bytes());
     let version = version_of(req.version);
     let spans = spans_of(buf, req.headers);
-    let (head, headers, seen) = take_head(buf, len, &spans)?;
-    let uri = Uri::from_maybe_shared(head.slice(target.0..target.0 + target.1))
-        .map_err(|_| H1Error::Invalid("request target"))?;
+    let (headers, seen) = take_head(buf, len, spans);
+    let target = headers
+        .head()
+        .slice(target as usize..(target + target_len) as usize);
+    let uri = Uri::from_maybe_shared(target).map_err(|_| H1Error::Invalid("request target"))?;
     // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
     match seen.hosts {
         0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
@@ -223,7 +223,7 @@ pub fn parse_response(
     if buf.is_empty() {
         return Ok(None);
     }
-    let mut fields: Fields<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut fields: Slots<'_> = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut []);
     let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
         &mut resp,
@@ -237,13 +237,14 @@ pub fn parse_response(
         .map_err(|_| H1Error::Invalid("status code"))?;
     let version = version_of(resp.version);
     let spans = spans_of(buf, resp.headers);
-    let (_, mut headers, seen) = take_head(buf, len, &spans)?;
-    let framing = response_framing(status, &headers, seen, head_request)?;
+    let (fields, seen) = take_head(buf, len, spans);
+    let mut headers = header_map(&fields)?;
+    let framing = response_framing(status, &fields, seen, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
     if seen.transfer_encoding && seen.content_length {
         headers.remove(header::CONTENT_LENGTH);
     }
-    let keep_alive = keeps_alive(version, &headers, seen) && framing != Framing::UntilClose;
+    let keep_alive = keeps_alive(version, &fields, seen) && framing != Framing::UntilClose;
     Ok(Some(ResponseHead {
         status,
         version,
@@ -254,11 +255,10 @@ pub fn parse_response(
 }
 
 /// Whether the `Connection` header lists `token` (case-insensitively).
-pub fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+pub fn connection_has(headers: &impl Fields, token: &str) -> bool {
     headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .values_of("connection")
+        .flat_map(|v| v.split(|&b| b == b','))
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
@@ -273,24 +273,23 @@ struct Seen {
 }
 
 impl Seen {
-    fn of(headers: &HeaderMap) -> Self {
+    fn of(headers: &impl Fields) -> Self {
         let mut seen = Seen::default();
-        for (name, _) in headers {
-            if name == header::HOST {
-                seen.hosts += 1;
-            } else if name == header::CONTENT_LENGTH {
-                seen.content_length = true;
-            } else if name == header::TRANSFER_ENCODING {
-                seen.transfer_encoding = true;
-            } else if name == header::CONNECTION {
-                seen.connection = true;
+        for (name, _) in headers.pairs() {
+            let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+            match name.len() {
+                4 if is("host") => seen.hosts += 1,
+                10 if is("connection") => seen.connection = true,
+                14 if is("content-length") => seen.content_length = true,
+                17 if is("transfer-encoding") => seen.transfer_encoding = true,
+                _ => {}
             }
         }
         seen
     }
 }
 
-fn keeps_alive(version: Version, headers: &HeaderMap, seen: Seen) -> bool {
+fn keeps_alive(version: Version, headers: &impl Fields, seen: Seen) -> bool {
     if !seen.connection {
         return version != Version::HTTP_10;
     }
@@ -302,17 +301,19 @@ fn keeps_alive(version: Version, headers: &HeaderMap, seen: Seen) -> bool {
 }
 
 /// The declared length: every `Content-Length` value must agree (RFC 9112 §6.3).
-fn content_length(headers: &HeaderMap) -> Result<Option<u64>, H1Error> {
+fn content_length(headers: &impl Fields) -> Result<Option<u64>, H1Error> {
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
+    for value in headers.values_of("content-length") {
+        for part in value.split(|&b| b == b',') {
             let part = part.trim_ascii();
             if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
                 return Err(H1Error::Framing("content-length is not a number"));
             }
-            let n: u64 = std::str::from_utf8(part)
-                .ok()
-                .and_then(|s| s.parse().ok())
+            let n = part
+                .iter()
+                .try_fold(0u64, |n, &d| {
+                    n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+                })
                 .ok_or(H1Error::Framing("content-length is too large"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(H1Error::Framing("conflicting content-length values"));
@@ -324,23 +325,22 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, H1Error> {
 }
 
 /// The transfer codings, in order; empty without the header.
-fn codings(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+fn codings(headers: &impl Fields) -> impl Iterator<Item = &[u8]> {
     headers
-        .get_all(header::TRANSFER_ENCODING)
-        .into_iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .values_of("transfer-encoding")
+        .flat_map(|v| v.split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|c| !c.is_empty())
 }
 
 /// Whether `Transfer-Encoding` ends in `chunked`; `None` without the header.
-fn chunked_last(headers: &HeaderMap) -> Option<bool> {
+fn chunked_last(headers: &impl Fields) -> Option<bool> {
     codings(headers)
         .last()
         .map(|c| c.eq_ignore_ascii_case(b"chunked"))
 }
 
-fn request_framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> {
+fn request_framing(headers: &impl Fields, seen: Seen) -> Result<Framing, H1Error> {
     if !seen.transfer_encoding && !seen.content_length {
         return Ok(Framing::Empty);
     }
@@ -361,7 +361,7 @@ fn request_framing(headers: &HeaderMap, seen: Seen) -> Result<Framing, H1Error> 
 
 fn response_framing(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: &impl Fields,
     seen: Seen,
     head_request: bool,
 ) -> Result<Framing, H1Error> {
@@ -389,14 +389,11 @@ fn response_framing(
 }
 
 /// Appends `name: value\r\n` for every header.
-fn put_headers<'h>(
-    out: &mut Vec<u8>,
-    headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
-) {
+fn put_headers<'h>(out: &mut Vec<u8>, headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>) {
     for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(name);
         out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
 }
@@ -422,7 +419,7 @@ pub fn put_request_head<'h>(
     method: &Method,
     target: &[&str],
     host: &HeaderValue,
-    headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
     content_length: Option<u64>,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
@@ -468,7 +465,7 @@ pub fn put_response_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    put_headers(out, headers);
+    put_headers(out, headers.pairs());
     if framing == OutFraming::Chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -715,7 +712,9 @@ mod tests {
         assert_eq!(head.method, Method::POST);
         assert_eq!(head.uri.path(), "/v1/chat/completions");
         assert_eq!(head.uri.query(), Some("x=1"));
-        assert_eq!(head.headers["x-session-id"], "s1");
+        assert_eq!(head.headers.first("x-session-id"), Some(&b"s1"[..]));
+        assert_eq!(head.headers.len(), 3);
+        assert_eq!(head.headers.to_map()["host"], "a");
         assert_eq!(head.framing, Framing::Length(2));
         assert!(head.keep_alive);
         assert_eq!(&b[..], b"{}GET");
@@ -744,9 +743,16 @@ mod tests {
             "content-length: 3\r\ntransfer-encoding: chunked\r\n",
             "content-length: 3\r\ncontent-length: 4\r\n",
             "content-length: +3\r\n",
+            "Content-Length: 3\r\nCONTENT-LENGTH: 4\r\n",
+            "content-length: 18446744073709551616\r\n",
         ] {
             assert!(matches!(refused(fields), H1Error::Framing(_)), "{fields}");
         }
+        let largest = "POST / HTTP/1.1\r\nhost: a\r\nContent-Length: 18446744073709551615\r\n\r\n";
+        assert_eq!(
+            parse_request(&mut buf(largest)).unwrap().unwrap().framing,
+            Framing::Length(u64::MAX)
+        );
         for coded in ["gzip", "gzip, chunked"] {
             let fields = format!("transfer-encoding: {coded}\r\n");
             assert!(
@@ -916,7 +922,7 @@ mod tests {
             &Method::POST,
             &["/base", "/v1/chat/completions"],
             &HeaderValue::from_static("10.0.0.1:8000"),
-            &headers,
+            headers.pairs(),
             Some(1234),
         );
         assert_eq!(

@@ -12,14 +12,15 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Response, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::fields::Fields;
 use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
 use super::pool::write_all_vectored;
-use super::upstream::{self, ClientConn, ProxyBody, Started};
+use super::upstream::{self, ClientConn, ClientRequest, ProxyBody, Started};
 use super::Inner;
 use crate::shutdown::Shutdown;
 
@@ -150,11 +151,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             ..
         } = head;
         let head_request = method == Method::HEAD;
-        let mut req = Request::new(body);
-        *req.method_mut() = method;
-        *req.uri_mut() = uri;
-        *req.version_mut() = version;
-        *req.headers_mut() = headers;
+        let req = ClientRequest {
+            method,
+            uri,
+            headers,
+            body,
+        };
         let response = {
             let forwarding = upstream::forward(inner, req, client, started);
             tokio::pin!(forwarding);
@@ -174,8 +176,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let expects_continue = head.version == Version::HTTP_11
             && head
                 .headers
-                .get(header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+                .first("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"));
         match head.framing {
             Framing::Empty | Framing::UntilClose => Ok(Bytes::new()),
             Framing::Length(n) => {

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod fields;
 pub mod h1;
 pub mod health;
 pub mod ingress;

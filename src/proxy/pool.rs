@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -29,6 +29,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::BackendUrl;
+use super::fields::{self, Fields};
 use super::h1::{self, BodyDecoder, Decoded, H1Error};
 use crate::http_body::BoxError;
 
@@ -51,13 +52,13 @@ pub enum PoolError {
 
 /// What is forwarded: the client's request with its headers already edited for the backend
 /// (no `Host`, `Content-Length` or hop-by-hop fields).
-pub struct UpstreamRequest<'a> {
+pub struct UpstreamRequest<'a, F> {
     /// Method.
     pub method: &'a Method,
     /// Origin-form path and query, before the backend's base path is put in front.
     pub path_and_query: &'a PathAndQuery,
     /// Forwarded headers.
-    pub headers: &'a ForwardedHeaders,
+    pub headers: &'a ForwardedHeaders<F>,
     /// The whole body.
     pub body: &'a Bytes,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
@@ -65,41 +66,50 @@ pub struct UpstreamRequest<'a> {
 }
 
 /// The headers sent to a backend: the client's, less hop-by-hop fields and the ones the proxy
-/// sets itself, then the proxy's own (`X-Forwarded-*`, `Forwarded`). The two are kept apart
-/// and merged as the head is written, which spares a map lookup for every field edited.
+/// sets itself, then the proxy's own (`X-Forwarded-*`, `Forwarded`). The client's fields are
+/// filtered and the proxy's appended as the head is written, so no field is removed from or
+/// added to a map on the way.
 #[derive(Debug, Default)]
-pub struct ForwardedHeaders {
-    /// The client's fields, hop-by-hop ones already removed.
-    pub client: HeaderMap,
+pub struct ForwardedHeaders<F> {
+    /// The client's fields as received.
+    pub client: F,
+    /// The names the client's `Connection` header lists (lower-case), hop-by-hop as well.
+    pub connection_listed: Vec<Vec<u8>>,
     /// Fields the proxy sets; a client field of the same name is not sent.
     pub added: Vec<(HeaderName, HeaderValue)>,
 }
 
-impl ForwardedHeaders {
+impl<F: Fields> ForwardedHeaders<F> {
     /// Every field to send, in order: the client's that are kept, then the added ones.
-    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.client
-            .iter()
-            .filter(|(name, _)| !self.replaces(name))
-            .chain(self.added.iter().map(|(name, value)| (name, value)))
+            .pairs()
+            .filter(|(name, _)| self.keeps(name))
+            .chain(
+                self.added
+                    .iter()
+                    .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
+            )
     }
 
     /// `Host` comes from the backend URL, `Content-Length` from the body sent, and `Expect`
     /// was answered by the proxy, which holds the whole body.
-    fn replaces(&self, name: &HeaderName) -> bool {
-        name == header::HOST
-            || name == header::CONTENT_LENGTH
-            || name == header::EXPECT
-            || self.added.iter().any(|(added, _)| added == name)
+    fn keeps(&self, name: &[u8]) -> bool {
+        let is = |other: &[u8]| name.eq_ignore_ascii_case(other);
+        !(fields::is_hop_by_hop(name)
+            || is(b"host")
+            || is(b"content-length")
+            || is(b"expect")
+            || self
+                .added
+                .iter()
+                .any(|(added, _)| is(added.as_str().as_bytes()))
+            || self.connection_listed.iter().any(|listed| is(listed)))
     }
 
     /// The same fields as one map (for HTTP/2 and for tests).
     pub fn to_map(&self) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(self.client.len() + self.added.len());
-        for (name, value) in self.iter() {
-            map.append(name.clone(), value.clone());
-        }
-        map
+        fields::map_of(self.iter())
     }
 }
 
@@ -256,10 +266,10 @@ impl WorkerPool {
     /// the connection. A pooled connection that turns out closed before any response byte
     /// (the backend's keep-alive timeout racing the request) is replaced once by a fresh one;
     /// every other failure is returned for the caller's failover.
-    pub async fn send(
+    pub async fn send<F: Fields>(
         self: &Arc<Self>,
         backend: &BackendUrl,
-        req: UpstreamRequest<'_>,
+        req: UpstreamRequest<'_, F>,
     ) -> Result<Response<UpstreamBody>, PoolError> {
         let key = Key(backend.origin.clone());
         let mut fresh_only = false;
@@ -286,12 +296,12 @@ impl WorkerPool {
         }
     }
 
-    async fn send_h1(
+    async fn send_h1<F: Fields>(
         self: &Arc<Self>,
         mut conn: H1Conn,
         key: &Key,
         backend: &BackendUrl,
-        req: &UpstreamRequest<'_>,
+        req: &UpstreamRequest<'_, F>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let send_err = |e: std::io::Error| Failure::Other(PoolError::Send(Box::new(e)));
         conn.out.clear();
@@ -364,12 +374,12 @@ impl WorkerPool {
         Ok(resp)
     }
 
-    async fn send_h2(
+    async fn send_h2<F: Fields>(
         &self,
         mut send: http2::SendRequest<Full<Bytes>>,
         key: &Key,
         backend: &BackendUrl,
-        req: &UpstreamRequest<'_>,
+        req: &UpstreamRequest<'_, F>,
     ) -> Result<Response<UpstreamBody>, PoolError> {
         let path = if backend.base_path.is_empty() {
             req.path_and_query.clone()

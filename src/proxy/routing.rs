@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderName, Method};
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use tokio::time::Instant;
 
 use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
+use super::fields::Fields;
 use super::metrics::BackendMetrics;
 use super::tap::KeySource;
 
@@ -117,7 +118,7 @@ struct ChatMessage<'a> {
 /// The session key of a request: the first configured header present and non-empty, else
 /// (when enabled) the conversation fingerprint of a `POST …/chat/completions` body.
 pub fn session_key(
-    headers: &HeaderMap,
+    headers: &impl Fields,
     names: &[HeaderName],
     fingerprint: bool,
     method: &Method,
@@ -125,8 +126,7 @@ pub fn session_key(
     body: &[u8],
 ) -> Option<SessionKey> {
     for name in names {
-        if let Some(value) = headers.get(name) {
-            let bytes = value.as_bytes();
+        if let Some(bytes) = headers.first(name.as_str()) {
             if !bytes.is_empty() {
                 let text = String::from_utf8_lossy(bytes).into_owned();
                 return Some(SessionKey::new(text, KeySource::Header));
@@ -765,6 +765,7 @@ impl SessionTable {
 mod tests {
     use super::*;
     use crate::proxy::metrics::ProxyMetrics;
+    use http::HeaderMap;
 
     fn pool_of(names: &[&str], load_factor: f64) -> Pool {
         let metrics = ProxyMetrics::new();

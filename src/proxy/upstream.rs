@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -22,6 +22,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::config::UpstreamConfig;
+use super::fields::{self, Fields};
 use super::health;
 use super::metrics::{BackendMetrics, ErrorKind};
 use super::pool::{ForwardedHeaders, PoolError, UpstreamBody, UpstreamRequest, WorkerPool};
@@ -116,22 +117,6 @@ fn tls_client_config(
         .with_no_client_auth())
 }
 
-/// Hop-by-hop headers, never forwarded (RFC 9110 §7.6.1).
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-    )
-}
-
 // Names built once: inserting by `&str` parses the name on every request.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -141,6 +126,7 @@ const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-bac
 /// Removes hop-by-hop headers, including the ones `Connection` names. Most messages have
 /// none, which one pass over the names tells without a lookup for each.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let is_hop_by_hop = |name: &HeaderName| fields::is_hop_by_hop(name.as_str().as_bytes());
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
@@ -342,41 +328,63 @@ pub async fn handle(
             )
         }
     };
-    forward(&inner, Request::from_parts(parts, body), &client, started).await
+    let req = ClientRequest {
+        method: parts.method,
+        uri: parts.uri,
+        headers: parts.headers,
+        body,
+    };
+    forward(&inner, req, &client, started).await
+}
+
+/// A whole client request, as [`forward`] takes it: its fields in a map (HTTP/2) or as read
+/// ([`fields::WireFields`], HTTP/1.1).
+pub struct ClientRequest<F> {
+    /// Method.
+    pub method: Method,
+    /// Request target.
+    pub uri: Uri,
+    /// Header fields as received.
+    pub headers: F,
+    /// The whole body.
+    pub body: Bytes,
 }
 
 /// Forwards one whole request: routes it by its session key, sends it with failover before
 /// the first response byte, and answers with the backend's response, whose body streams
 /// through frame by frame while the metrics and the recorder watch it.
-pub async fn forward(
+pub async fn forward<F: Fields>(
     inner: &Arc<Inner>,
-    req: Request<Bytes>,
+    req: ClientRequest<F>,
     client: &ClientConn,
     started: Started,
 ) -> Response<ProxyBody> {
     let request_received_at = Instant::now();
-    let (mut parts, body) = req.into_parts();
+    let ClientRequest {
+        method,
+        uri,
+        headers,
+        body,
+    } = req;
     let pool = inner.router.pool();
-    let path_and_query = parts
-        .uri
+    let path_and_query = uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let key = session_key(
-        &parts.headers,
+        &headers,
         &pool.affinity.headers,
         pool.affinity.fingerprint,
-        &parts.method,
+        &method,
         path_and_query.path(),
         &body,
     );
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
     // The recorder keeps the request as the client sent it; the forwarded copy is edited.
-    let recorded_headers = inner.sink.as_ref().map(|_| parts.headers.clone());
-    let declare_length = !body.is_empty()
-        || parts.headers.contains_key(header::CONTENT_LENGTH)
-        || parts.headers.contains_key(header::TRANSFER_ENCODING);
-    let headers = forward_headers(std::mem::take(&mut parts.headers), &parts.uri, client);
+    let recorded_headers = inner.sink.as_ref().map(|_| headers.to_map());
+    let declare_length =
+        !body.is_empty() || headers.has("content-length") || headers.has("transfer-encoding");
+    let headers = forward_headers(headers, &uri, client);
     // What the recorder learns of this exchange, for the backend that answers (or failed last).
     let exchange = |backend: &Backend| {
         exchange_start(
@@ -385,7 +393,7 @@ pub async fn forward(
             backend,
             started,
             request_received_at,
-            &parts.method,
+            &method,
             recorded_headers.as_ref(),
             &path_and_query,
             &body,
@@ -413,7 +421,7 @@ pub async fn forward(
             overhead = sent_at.duration_since(request_received_at);
         }
         let request = UpstreamRequest {
-            method: &parts.method,
+            method: &method,
             path_and_query: &path_and_query,
             headers: &headers,
             body: &body,
@@ -565,26 +573,35 @@ fn exchange_start(
 }
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> ForwardedHeaders {
-    strip_hop_by_hop(&mut h);
-    // One pass over the names says which of the lookups below can find anything.
-    let (mut xff, mut forwarded_prev, mut xfh) = (false, false, false);
-    for name in h.keys() {
-        match name.as_str() {
-            "x-forwarded-for" => xff = true,
-            "forwarded" => forwarded_prev = true,
-            "x-forwarded-host" => xfh = true,
+fn forward_headers<F: Fields>(h: F, uri: &Uri, client: &ClientConn) -> ForwardedHeaders<F> {
+    // One pass over the names finds every field the edits below read.
+    let (mut xff, mut forwarded_prev, mut xfh, mut host) = (None, None, false, None);
+    let mut connection_listed = Vec::new();
+    for (name, value) in h.pairs() {
+        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+        match name.len() {
+            4 if is("host") => host = host.or(Some(value)),
+            9 if is("forwarded") => forwarded_prev = forwarded_prev.or(Some(value)),
+            10 if is("connection") => connection_listed.extend(
+                value
+                    .split(|&b| b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .filter(|n| !n.is_empty())
+                    .map(<[u8]>::to_ascii_lowercase),
+            ),
+            15 if is("x-forwarded-for") => xff = xff.or(Some(value)),
+            16 if is("x-forwarded-host") => xfh = true,
             _ => {}
         }
     }
-    let host = h.get(header::HOST).cloned().or_else(|| {
-        uri.authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    });
+    let host = match host {
+        Some(value) => fields::text(value),
+        None => uri.authority().map(|a| a.as_str()),
+    };
     let proto = if client.tls { "https" } else { "http" };
     let mut added = Vec::with_capacity(4);
-    let xff = match xff.then(|| h.get(X_FORWARDED_FOR)).flatten() {
-        Some(prev) => prev.to_str().ok().and_then(|prev| {
+    let xff = match xff {
+        Some(prev) => fields::text(prev).and_then(|prev| {
             let ip = client.ip.to_str().unwrap_or_default();
             HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
         }),
@@ -595,29 +612,31 @@ fn forward_headers(mut h: HeaderMap, uri: &Uri, client: &ClientConn) -> Forwarde
     }
     added.push((X_FORWARDED_PROTO, HeaderValue::from_static(proto)));
     let mut forwarded = String::with_capacity(96);
-    if let Some(prev) = forwarded_prev
-        .then(|| h.get(header::FORWARDED))
-        .flatten()
-        .and_then(|v| v.to_str().ok())
-    {
+    if let Some(prev) = forwarded_prev.and_then(fields::text) {
         forwarded.push_str(prev);
         forwarded.push_str(", ");
     }
     forwarded.push_str(&client.forwarded_for);
     forwarded.push_str(";proto=");
     forwarded.push_str(proto);
-    if let Some(value) = host.filter(|v| v.to_str().is_ok()) {
+    if let Some(host) = host {
         forwarded.push_str(";host=\"");
-        forwarded.push_str(value.to_str().unwrap_or_default());
+        forwarded.push_str(host);
         forwarded.push('"');
         if !xfh {
-            added.push((X_FORWARDED_HOST, value));
+            if let Ok(v) = HeaderValue::from_str(host) {
+                added.push((X_FORWARDED_HOST, v));
+            }
         }
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         added.push((header::FORWARDED, v));
     }
-    ForwardedHeaders { client: h, added }
+    ForwardedHeaders {
+        client: h,
+        connection_listed,
+        added,
+    }
 }
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
@@ -840,6 +859,40 @@ mod tests {
             assert!(!out.contains_key(gone), "{gone} was forwarded: {out:?}");
         }
         assert_eq!(out["x-session-id"], "s1");
+    }
+
+    #[test]
+    fn forwarded_wire_fields_drop_hop_by_hop_names_in_any_case_and_keep_the_rest_as_sent() {
+        let mut raw = bytes::BytesMut::from(
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHOST: proxy.local\r\n\
+               Connection: Keep-Alive, X-Private\r\nX-PRIVATE: 1\r\nKeep-Alive: timeout=5\r\n\
+               Expect: 100-continue\r\nContent-Length: 0\r\nX-Forwarded-For: 10.0.0.1\r\n\
+               X-Session-Id: s1\r\n\r\n"[..],
+        );
+        let head = super::super::h1::parse_request(&mut raw).unwrap().unwrap();
+        let out = forward_headers(
+            head.headers,
+            &Uri::from_static("/"),
+            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
+        );
+        let names: Vec<&[u8]> = out.iter().map(|(name, _)| name).collect();
+        assert_eq!(
+            names,
+            [
+                &b"X-Session-Id"[..],
+                b"x-forwarded-for",
+                b"x-forwarded-proto",
+                b"x-forwarded-host",
+                b"forwarded"
+            ]
+        );
+        let map = out.to_map();
+        assert_eq!(map["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+        assert_eq!(map["x-forwarded-host"], "proxy.local");
+        assert_eq!(
+            map["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"proxy.local\""
+        );
     }
 
     #[test]
