@@ -1,8 +1,9 @@
-//! Header fields as the forwarding path reads them: a map hyper built (HTTP/2), or the fields
-//! of an HTTP/1.1 head left in the bytes they were read into, which spares building a map for
-//! a head that is only looked at and written out again. Names compare case-insensitively.
+//! Header fields as the forwarding path holds them: the fields of a head left in the one
+//! buffer they were read into (an HTTP/1.1 head as httparse found it; hyper's HTTP/2 maps are
+//! copied into the same form), so no map is built for a head that is only looked at and
+//! written out again. Names compare case-insensitively and pass on as they were sent.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// Read access to a message's header fields, in order.
@@ -11,11 +12,7 @@ pub trait Fields {
     fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])>;
 
     /// The values of the fields named `name` (lower-case), in order.
-    fn values_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.pairs()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .map(|(_, v)| v)
-    }
+    fn values_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a;
 
     /// The first value of `name` (lower-case).
     fn first<'a>(&'a self, name: &'a str) -> Option<&'a [u8]> {
@@ -27,9 +24,18 @@ pub trait Fields {
         self.first(name).is_some()
     }
 
-    /// The same fields as one map (for HTTP/2, the recorder and tests).
+    /// The same fields as one map (for HTTP/2, the recorder and tests); a pair that is not a
+    /// valid field is left out.
     fn to_map(&self) -> HeaderMap {
-        map_of(self.pairs())
+        let mut map = HeaderMap::new();
+        for (name, value) in self.pairs() {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+            {
+                map.append(name, value);
+            }
+        }
+        map
     }
 }
 
@@ -48,6 +54,13 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
     }
 }
 
+/// The lengths of the hop-by-hop names, as [`Forwarded`]'s length filter holds them.
+const HOP_BY_HOP_LENGTHS: u64 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
+
+fn length_bit(name: &[u8]) -> u64 {
+    1 << name.len().min(63)
+}
+
 /// `value` as text when it is all visible ASCII (what `HeaderValue::to_str` accepts).
 pub fn text(value: &[u8]) -> Option<&str> {
     value
@@ -57,40 +70,12 @@ pub fn text(value: &[u8]) -> Option<&str> {
         .flatten()
 }
 
-/// A map of `pairs`; a pair that is not a valid field is left out.
-pub fn map_of<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for (name, value) in pairs {
-        if let (Ok(name), Ok(value)) =
-            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-        {
-            map.append(name, value);
-        }
-    }
-    map
-}
-
-impl Fields for HeaderMap {
-    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-    }
-
-    fn values_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.get_all(name).into_iter().map(HeaderValue::as_bytes)
-    }
-
-    fn to_map(&self) -> HeaderMap {
-        self.clone()
-    }
-}
-
 /// Where a field's name and value lie in its head: offset and length of each.
 pub type Span = (u32, u32, u32, u32);
 
-/// The fields of an HTTP/1.1 head as httparse found them, as spans of the head's bytes. The
-/// parser has checked every name is a token and every value valid field content, the same
-/// rules `HeaderName` and `HeaderValue` apply, so the bytes go out again as they came.
+/// A head's fields as spans of the bytes that hold them. Fields parsed by httparse were
+/// checked as they were read: every name is a token and every value valid field content,
+/// the same rules `HeaderName` and `HeaderValue` apply, so the bytes go out again as they came.
 #[derive(Debug, Clone, Default)]
 pub struct WireFields {
     head: Bytes,
@@ -101,6 +86,32 @@ impl WireFields {
     /// Fields at `spans` of `head`.
     pub fn new(head: Bytes, spans: Vec<Span>) -> Self {
         Self { head, spans }
+    }
+
+    /// `pairs` copied into one buffer.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Self {
+        let mut head = BytesMut::new();
+        let mut spans = Vec::new();
+        for (name, value) in pairs {
+            let at = head.len() as u32;
+            head.extend_from_slice(name);
+            head.extend_from_slice(value);
+            spans.push((
+                at,
+                name.len() as u32,
+                at + name.len() as u32,
+                value.len() as u32,
+            ));
+        }
+        Self::new(head.freeze(), spans)
+    }
+
+    /// The fields of a map (hyper's, for HTTP/2).
+    pub fn from_map(map: &HeaderMap) -> Self {
+        Self::from_pairs(
+            map.iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        )
     }
 
     /// The whole head the fields were read from.
@@ -118,12 +129,12 @@ impl WireFields {
         self.spans.is_empty()
     }
 
-    /// Every field in order, each value sharing the head's buffer instead of being copied.
-    pub fn shared_pairs(&self) -> impl Iterator<Item = (&[u8], Bytes)> {
-        self.spans.iter().map(|&(n, nl, v, vl)| {
-            let value = self.head.slice(v as usize..(v + vl) as usize);
-            (self.part(n, nl), value)
-        })
+    /// Drops the fields named `name` (lower-case).
+    pub fn remove(&mut self, name: &str) {
+        let head = &self.head;
+        self.spans.retain(|&(n, nl, _, _)| {
+            !head[n as usize..(n + nl) as usize].eq_ignore_ascii_case(name.as_bytes())
+        });
     }
 
     fn part(&self, at: u32, len: u32) -> &[u8] {
@@ -148,17 +159,106 @@ impl Fields for WireFields {
             .map(|&(_, _, v, vl)| self.part(v, vl))
     }
 
+    /// Values share the head's buffer instead of being copied.
     fn to_map(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(self.spans.len());
-        for (name, value) in self.shared_pairs() {
+        for &(n, nl, v, vl) in &self.spans {
+            let value = self.head.slice(v as usize..(v + vl) as usize);
             if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name),
+                HeaderName::from_bytes(self.part(n, nl)),
                 HeaderValue::from_maybe_shared(value),
             ) {
                 map.append(name, value);
             }
         }
         map
+    }
+}
+
+/// Fields passed on by the proxy: those received, less hop-by-hop ones (with the names their
+/// `Connection` lists) and the ones the proxy sets itself, then the proxy's own. The two are
+/// kept apart and merged as the head is written, so no field is removed from or added to a
+/// map on the way.
+#[derive(Debug)]
+pub struct Forwarded {
+    received: WireFields,
+    /// Received names (lower-case) the proxy sets from elsewhere.
+    replaced: &'static [&'static str],
+    /// Names the received `Connection` lists (lower-case).
+    connection_listed: Vec<Vec<u8>>,
+    /// Fields the proxy sets; a received field of the same name is not passed on.
+    added: Vec<(HeaderName, HeaderValue)>,
+    /// A bit for the length of every name left out: most names are kept on this alone.
+    dropped_lengths: u64,
+}
+
+impl Forwarded {
+    /// `received`, to be passed on without hop-by-hop fields or those named in `replaced`.
+    pub fn new(received: WireFields, replaced: &'static [&'static str]) -> Self {
+        let connection_listed: Vec<Vec<u8>> = received
+            .values_of("connection")
+            .flat_map(|v| v.split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|name| !name.is_empty())
+            .map(<[u8]>::to_ascii_lowercase)
+            .collect();
+        let dropped_lengths = replaced
+            .iter()
+            .map(|r| r.as_bytes())
+            .chain(connection_listed.iter().map(Vec::as_slice))
+            .fold(HOP_BY_HOP_LENGTHS, |bits, name| bits | length_bit(name));
+        Self {
+            received,
+            replaced,
+            connection_listed,
+            added: Vec::new(),
+            dropped_lengths,
+        }
+    }
+
+    /// The fields as received, before any edit.
+    pub fn received(&self) -> &WireFields {
+        &self.received
+    }
+
+    /// Sets `name` to `value`, in place of any received field of that name.
+    pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
+        self.dropped_lengths |= length_bit(name.as_str().as_bytes());
+        self.added.push((name, value));
+    }
+
+    fn keeps(&self, name: &[u8]) -> bool {
+        if self.dropped_lengths & length_bit(name) == 0 {
+            return true;
+        }
+        let is = |other: &[u8]| name.eq_ignore_ascii_case(other);
+        !(is_hop_by_hop(name)
+            || self.replaced.iter().any(|r| is(r.as_bytes()))
+            || self.added.iter().any(|(a, _)| is(a.as_str().as_bytes()))
+            || self.connection_listed.iter().any(|listed| is(listed)))
+    }
+}
+
+impl Fields for Forwarded {
+    /// The received fields that are kept, then the proxy's.
+    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let kept = self.received.pairs().filter(|(name, _)| self.keeps(name));
+        kept.chain(
+            self.added
+                .iter()
+                .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
+        )
+    }
+
+    fn values_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let kept = self.keeps(name.as_bytes());
+        let received = self.received.values_of(name).filter(move |_| kept);
+        received.chain(
+            self.added
+                .iter()
+                .filter(move |(added, _)| added.as_str() == name)
+                .map(|(_, value)| value.as_bytes()),
+        )
     }
 }
 
@@ -188,7 +288,10 @@ mod tests {
         for name in ["host", "x-session-id", "accept", "missing"] {
             assert_eq!(
                 w.values_of(name).collect::<Vec<_>>(),
-                m.values_of(name).collect::<Vec<_>>(),
+                m.get_all(name)
+                    .iter()
+                    .map(HeaderValue::as_bytes)
+                    .collect::<Vec<_>>(),
                 "{name}"
             );
         }
@@ -199,15 +302,56 @@ mod tests {
     }
 
     #[test]
-    fn map_of_leaves_out_what_is_not_a_field() {
-        let m = map_of(
-            [
-                (&b"ok"[..], &b"1"[..]),
-                (b"bad name", b"2"),
-                (b"bad-value", b"a\nb"),
-            ]
-            .into_iter(),
+    fn forwarded_fields_leave_out_hop_by_hop_and_replaced_ones() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "close, x-private".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("transfer-encoding", "chunked".parse().unwrap());
+        h.insert("content-length", "2".parse().unwrap());
+        h.insert("x-agentrace-backend", "spoofed".parse().unwrap());
+        h.insert("x-session-id", "s1".parse().unwrap());
+        // As long as "connection": the length alone must not decide.
+        h.insert("user-agent", "agent/1".parse().unwrap());
+        let mut out = Forwarded::new(WireFields::from_map(&h), &["content-length"]);
+        out.set(
+            HeaderName::from_static("x-agentrace-backend"),
+            HeaderValue::from_static("b1"),
         );
+        let sent: Vec<_> = out.pairs().collect();
+        assert_eq!(
+            sent,
+            [
+                (&b"x-session-id"[..], &b"s1"[..]),
+                (b"user-agent", b"agent/1"),
+                (b"x-agentrace-backend", b"b1")
+            ]
+        );
+        assert_eq!(out.received().first("x-private"), Some(&b"1"[..]));
+        // Lookups see the edited fields.
+        for gone in ["x-private", "content-length", "connection", "keep-alive"] {
+            assert!(!out.has(gone), "{gone}");
+        }
+        assert_eq!(out.first("x-agentrace-backend"), Some(&b"b1"[..]));
+        assert_eq!(out.first("user-agent"), Some(&b"agent/1"[..]));
+        assert_eq!(out.to_map().len(), 3);
+    }
+
+    #[test]
+    fn wire_fields_remove_every_field_of_a_name() {
+        let mut w = wire("Content-Length: 1\r\nA: x\r\ncontent-length: 1\r\n");
+        w.remove("content-length");
+        assert_eq!(w.pairs().collect::<Vec<_>>(), [(&b"A"[..], &b"x"[..])]);
+    }
+
+    #[test]
+    fn maps_leave_out_what_is_not_a_field() {
+        let m = WireFields::from_pairs([
+            (&b"ok"[..], &b"1"[..]),
+            (b"bad name", b"2"),
+            (b"bad-value", b"a\nb"),
+        ])
+        .to_map();
         assert_eq!(m.len(), 1);
         assert_eq!(m["ok"], "1");
     }

@@ -6,7 +6,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderValue;
 use http::{Method, StatusCode, Uri, Version};
 
 use super::fields::{Fields, Span, WireFields};
@@ -99,8 +99,8 @@ pub struct ResponseHead {
     pub status: StatusCode,
     /// HTTP/1.0 or HTTP/1.1.
     pub version: Version,
-    /// Header fields.
-    pub headers: HeaderMap,
+    /// Header fields, as spans of the head.
+    pub headers: WireFields,
     /// How the body is delimited.
     pub framing: Framing,
     /// Whether the server keeps the connection open after this response.
@@ -132,26 +132,11 @@ fn spans_of(base: &[u8], fields: &[httparse::Header<'_>]) -> Vec<Span> {
         .collect()
 }
 
-/// Room for the fields the proxy may add to a response (`X-Agentrace-Backend`, a declared
-/// `Content-Length`), so adding them does not grow the map.
-const ADDED_FIELDS: usize = 2;
-
 /// Splits the parsed head (`len` bytes) off `buf`, its fields at `spans`.
 fn take_head(buf: &mut BytesMut, len: usize, spans: Vec<Span>) -> (WireFields, Seen) {
     let fields = WireFields::new(buf.split_to(len).freeze(), spans);
     let seen = Seen::of(&fields);
     (fields, seen)
-}
-
-fn header_map(fields: &WireFields) -> Result<HeaderMap, H1Error> {
-    let mut headers = HeaderMap::with_capacity(fields.len() + ADDED_FIELDS);
-    for (name, value) in fields.shared_pairs() {
-        let name = HeaderName::from_bytes(name).map_err(|_| H1Error::Invalid("header name"))?;
-        let value =
-            HeaderValue::from_maybe_shared(value).map_err(|_| H1Error::Invalid("header value"))?;
-        headers.append(name, value);
-    }
-    Ok(headers)
 }
 
 fn version_of(minor: Option<u8>) -> Version {
@@ -237,14 +222,13 @@ pub fn parse_response(
         .map_err(|_| H1Error::Invalid("status code"))?;
     let version = version_of(resp.version);
     let spans = spans_of(buf, resp.headers);
-    let (fields, seen) = take_head(buf, len, spans);
-    let mut headers = header_map(&fields)?;
-    let framing = response_framing(status, &fields, seen, head_request)?;
+    let (mut headers, seen) = take_head(buf, len, spans);
+    let framing = response_framing(status, &headers, seen, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
     if seen.transfer_encoding && seen.content_length {
-        headers.remove(header::CONTENT_LENGTH);
+        headers.remove("content-length");
     }
-    let keep_alive = keeps_alive(version, &fields, seen) && framing != Framing::UntilClose;
+    let keep_alive = keeps_alive(version, &headers, seen) && framing != Framing::UntilClose;
     Ok(Some(ResponseHead {
         status,
         version,
@@ -452,10 +436,10 @@ pub enum OutFraming {
 
 /// Writes a response head; `close` adds `Connection: close`, `keep_alive_10` the
 /// `Connection: keep-alive` an HTTP/1.0 client needs to keep the connection.
-pub fn put_response_head(
+pub fn put_response_head<'h>(
     out: &mut Vec<u8>,
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
     framing: OutFraming,
     close: bool,
     keep_alive_10: bool,
@@ -465,7 +449,7 @@ pub fn put_response_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    put_headers(out, headers.pairs());
+    put_headers(out, headers);
     if framing == OutFraming::Chunked {
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
@@ -824,7 +808,7 @@ mod tests {
         );
         assert_eq!(both.framing, Framing::Chunked, "transfer-encoding wins");
         assert!(
-            !both.headers.contains_key("content-length"),
+            !both.headers.has("content-length"),
             "and the length is not passed on"
         );
         let chunked = parse(
@@ -914,8 +898,7 @@ mod tests {
 
     #[test]
     fn heads_are_written_in_wire_form() {
-        let mut headers = HeaderMap::new();
-        headers.insert("x-session-id", HeaderValue::from_static("s1"));
+        let headers = WireFields::from_pairs([(&b"x-session-id"[..], &b"s1"[..])]);
         let mut out = Vec::new();
         put_request_head(
             &mut out,
@@ -933,7 +916,7 @@ mod tests {
         put_response_head(
             &mut out,
             StatusCode::OK,
-            &headers,
+            headers.pairs(),
             OutFraming::Chunked,
             true,
             false,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
-use http::{Method, Response, StatusCode, Version};
+use http::{Method, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use super::fields::Fields;
 use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
 use super::pool::write_all_vectored;
-use super::upstream::{self, ClientConn, ClientRequest, ProxyBody, Started};
+use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
 use super::Inner;
 use crate::shutdown::Shutdown;
 
@@ -256,23 +256,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// in the same write as what precedes it (the head, a chunk header).
     async fn respond(
         &mut self,
-        response: Response<ProxyBody>,
+        answer: Answer,
         head_request: bool,
         version: Version,
         keep: bool,
     ) -> Next {
-        let (mut parts, mut body) = response.into_parts();
-        let status = parts.status;
+        let Answer {
+            status,
+            mut headers,
+            mut body,
+        } = answer;
         let bodiless = head_request
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
             || status == StatusCode::NOT_MODIFIED;
-        let framing = if bodiless || parts.headers.contains_key(header::CONTENT_LENGTH) {
+        let framing = if bodiless || headers.has("content-length") {
             OutFraming::AsIs
         } else if let Some(n) = body.size_hint().exact() {
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, h1::length_value(n));
+            headers.set(header::CONTENT_LENGTH, h1::length_value(n));
             OutFraming::AsIs
         } else if version == Version::HTTP_11 {
             OutFraming::Chunked
@@ -285,7 +286,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         h1::put_response_head(
             &mut self.out,
             status,
-            &parts.headers,
+            headers.pairs(),
             framing,
             !keep,
             keep && version == Version::HTTP_10,

@@ -13,9 +13,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Scheme};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -29,7 +28,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::BackendUrl;
-use super::fields::{self, Fields};
+use super::fields::{Fields, Forwarded, WireFields};
 use super::h1::{self, BodyDecoder, Decoded, H1Error};
 use crate::http_body::BoxError;
 
@@ -52,65 +51,27 @@ pub enum PoolError {
 
 /// What is forwarded: the client's request with its headers already edited for the backend
 /// (no `Host`, `Content-Length` or hop-by-hop fields).
-pub struct UpstreamRequest<'a, F> {
+pub struct UpstreamRequest<'a> {
     /// Method.
     pub method: &'a Method,
     /// Origin-form path and query, before the backend's base path is put in front.
     pub path_and_query: &'a PathAndQuery,
     /// Forwarded headers.
-    pub headers: &'a ForwardedHeaders<F>,
+    pub headers: &'a Forwarded,
     /// The whole body.
     pub body: &'a Bytes,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
     pub declare_length: bool,
 }
 
-/// The headers sent to a backend: the client's, less hop-by-hop fields and the ones the proxy
-/// sets itself, then the proxy's own (`X-Forwarded-*`, `Forwarded`). The client's fields are
-/// filtered and the proxy's appended as the head is written, so no field is removed from or
-/// added to a map on the way.
-#[derive(Debug, Default)]
-pub struct ForwardedHeaders<F> {
-    /// The client's fields as received.
-    pub client: F,
-    /// The names the client's `Connection` header lists (lower-case), hop-by-hop as well.
-    pub connection_listed: Vec<Vec<u8>>,
-    /// Fields the proxy sets; a client field of the same name is not sent.
-    pub added: Vec<(HeaderName, HeaderValue)>,
-}
-
-impl<F: Fields> ForwardedHeaders<F> {
-    /// Every field to send, in order: the client's that are kept, then the added ones.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.client
-            .pairs()
-            .filter(|(name, _)| self.keeps(name))
-            .chain(
-                self.added
-                    .iter()
-                    .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
-            )
-    }
-
-    /// `Host` comes from the backend URL, `Content-Length` from the body sent, and `Expect`
-    /// was answered by the proxy, which holds the whole body.
-    fn keeps(&self, name: &[u8]) -> bool {
-        let is = |other: &[u8]| name.eq_ignore_ascii_case(other);
-        !(fields::is_hop_by_hop(name)
-            || is(b"host")
-            || is(b"content-length")
-            || is(b"expect")
-            || self
-                .added
-                .iter()
-                .any(|(added, _)| is(added.as_str().as_bytes()))
-            || self.connection_listed.iter().any(|listed| is(listed)))
-    }
-
-    /// The same fields as one map (for HTTP/2 and for tests).
-    pub fn to_map(&self) -> HeaderMap {
-        fields::map_of(self.iter())
-    }
+/// A backend's response head, its body still to stream from the connection.
+pub struct UpstreamResponse {
+    /// Status.
+    pub status: StatusCode,
+    /// Header fields as the backend sent them.
+    pub headers: WireFields,
+    /// The body.
+    pub body: UpstreamBody,
 }
 
 /// A backend's origin ([`BackendUrl::origin`]), as the pool files its connections. Requests
@@ -266,11 +227,11 @@ impl WorkerPool {
     /// the connection. A pooled connection that turns out closed before any response byte
     /// (the backend's keep-alive timeout racing the request) is replaced once by a fresh one;
     /// every other failure is returned for the caller's failover.
-    pub async fn send<F: Fields>(
+    pub async fn send(
         self: &Arc<Self>,
         backend: &BackendUrl,
-        req: UpstreamRequest<'_, F>,
-    ) -> Result<Response<UpstreamBody>, PoolError> {
+        req: UpstreamRequest<'_>,
+    ) -> Result<UpstreamResponse, PoolError> {
         let key = Key(backend.origin.clone());
         let mut fresh_only = false;
         loop {
@@ -296,13 +257,13 @@ impl WorkerPool {
         }
     }
 
-    async fn send_h1<F: Fields>(
+    async fn send_h1(
         self: &Arc<Self>,
         mut conn: H1Conn,
         key: &Key,
         backend: &BackendUrl,
-        req: &UpstreamRequest<'_, F>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
+        req: &UpstreamRequest<'_>,
+    ) -> Result<UpstreamResponse, Failure> {
         let send_err = |e: std::io::Error| Failure::Other(PoolError::Send(Box::new(e)));
         conn.out.clear();
         let length = req.declare_length.then_some(req.body.len() as u64);
@@ -311,7 +272,7 @@ impl WorkerPool {
             req.method,
             &[&backend.base_path, req.path_and_query.as_str()],
             &backend.host,
-            req.headers.iter(),
+            req.headers.pairs(),
             length,
         );
         let written = if req.body.len() <= COPY_BODY_MAX {
@@ -367,20 +328,20 @@ impl WorkerPool {
         if body.decoder.is_done() {
             body.finish();
         }
-        let mut resp = Response::new(UpstreamBody::H1(body));
-        *resp.status_mut() = head.status;
-        *resp.version_mut() = head.version;
-        *resp.headers_mut() = head.headers;
-        Ok(resp)
+        Ok(UpstreamResponse {
+            status: head.status,
+            headers: head.headers,
+            body: UpstreamBody::H1(body),
+        })
     }
 
-    async fn send_h2<F: Fields>(
+    async fn send_h2(
         &self,
         mut send: http2::SendRequest<Full<Bytes>>,
         key: &Key,
         backend: &BackendUrl,
-        req: &UpstreamRequest<'_, F>,
-    ) -> Result<Response<UpstreamBody>, PoolError> {
+        req: &UpstreamRequest<'_>,
+    ) -> Result<UpstreamResponse, PoolError> {
         let path = if backend.base_path.is_empty() {
             req.path_and_query.clone()
         } else {
@@ -398,7 +359,14 @@ impl WorkerPool {
             .map_err(|e| PoolError::Request(e.to_string()))?;
         *request.headers_mut() = req.headers.to_map();
         match send.send_request(request).await {
-            Ok(resp) => Ok(resp.map(UpstreamBody::H2)),
+            Ok(resp) => {
+                let (parts, body) = resp.into_parts();
+                Ok(UpstreamResponse {
+                    status: parts.status,
+                    headers: WireFields::from_map(&parts.headers),
+                    body: UpstreamBody::H2(body),
+                })
+            }
             Err(e) => {
                 if send.is_closed() {
                     self.forget_h2(key);

@@ -764,6 +764,7 @@ impl SessionTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::fields::WireFields;
     use crate::proxy::metrics::ProxyMetrics;
     use http::HeaderMap;
 
@@ -1062,7 +1063,7 @@ mod tests {
         h.insert("x-session-id", "".parse().unwrap());
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let k = session_key(
-            &h,
+            &WireFields::from_map(&h),
             &names,
             true,
             &Method::POST,
@@ -1073,7 +1074,7 @@ mod tests {
         assert_eq!((k.text.as_str(), k.source), ("second", KeySource::Header));
         h.insert("x-session-id", "first".parse().unwrap());
         let k = session_key(
-            &h,
+            &WireFields::from_map(&h),
             &names,
             true,
             &Method::POST,
@@ -1093,7 +1094,15 @@ mod tests {
         let other = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 2"}]}"#;
         let other_model = br#"{"model":"n","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"}]}"#;
         let fp = |b: &[u8]| {
-            session_key(&h, &names, true, &Method::POST, "/v1/chat/completions", b).unwrap()
+            session_key(
+                &WireFields::from_map(&h),
+                &names,
+                true,
+                &Method::POST,
+                "/v1/chat/completions",
+                b,
+            )
+            .unwrap()
         };
         assert_eq!(fp(turn1), fp(turn2));
         assert_eq!(fp(turn1).source, KeySource::Fingerprint);
@@ -1101,7 +1110,7 @@ mod tests {
         assert_ne!(fp(turn1), fp(other));
         assert_ne!(fp(turn1), fp(other_model));
         assert!(session_key(
-            &h,
+            &WireFields::from_map(&h),
             &names,
             false,
             &Method::POST,
@@ -1109,9 +1118,17 @@ mod tests {
             turn1
         )
         .is_none());
-        assert!(session_key(&h, &names, true, &Method::POST, "/v1/completions", turn1).is_none());
         assert!(session_key(
-            &h,
+            &WireFields::from_map(&h),
+            &names,
+            true,
+            &Method::POST,
+            "/v1/completions",
+            turn1
+        )
+        .is_none());
+        assert!(session_key(
+            &WireFields::from_map(&h),
             &names,
             true,
             &Method::GET,
@@ -1120,7 +1137,7 @@ mod tests {
         )
         .is_none());
         assert!(session_key(
-            &h,
+            &WireFields::from_map(&h),
             &names,
             true,
             &Method::POST,

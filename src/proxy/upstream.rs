@@ -22,10 +22,10 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::config::UpstreamConfig;
-use super::fields::{self, Fields};
+use super::fields::{self, Fields, Forwarded, WireFields};
 use super::health;
 use super::metrics::{BackendMetrics, ErrorKind};
-use super::pool::{ForwardedHeaders, PoolError, UpstreamBody, UpstreamRequest, WorkerPool};
+use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
@@ -123,31 +123,6 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-backend");
 
-/// Removes hop-by-hop headers, including the ones `Connection` names. Most messages have
-/// none, which one pass over the names tells without a lookup for each.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let is_hop_by_hop = |name: &HeaderName| fields::is_hop_by_hop(name.as_str().as_bytes());
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
-    }
-    let mut names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| is_hop_by_hop(n))
-        .cloned()
-        .collect();
-    names.extend(
-        headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok()),
-    );
-    for name in &names {
-        headers.remove(name);
-    }
-}
-
 /// The response body the proxy sends: a streamed upstream body or a small local one.
 pub enum ProxyBody {
     /// Forwarded frame by frame.
@@ -185,22 +160,38 @@ impl HttpBody for ProxyBody {
     }
 }
 
+/// What the client is answered: status, the fields to send, and the body.
+pub struct Answer {
+    /// Status.
+    pub status: StatusCode,
+    /// The fields to send.
+    pub headers: Forwarded,
+    /// The body.
+    pub body: ProxyBody,
+}
+
+impl Answer {
+    /// The answer as hyper sends it (HTTP/2).
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let mut resp = Response::new(self.body);
+        *resp.status_mut() = self.status;
+        *resp.headers_mut() = self.headers.to_map();
+        resp
+    }
+}
+
 /// A proxy-made JSON error response in the OpenAI error shape.
-pub fn error_response(
-    status: StatusCode,
-    kind: &'static str,
-    message: &str,
-) -> Response<ProxyBody> {
+pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> Answer {
     let body = serde_json::json!({"error": {"message": message, "type": kind}});
-    let mut resp = Response::new(ProxyBody::Local(Full::new(Bytes::from(body.to_string()))));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert("x-agentrace-error", HeaderValue::from_static(kind));
-    resp
+    let headers = WireFields::from_pairs([
+        (&b"content-type"[..], &b"application/json"[..]),
+        (b"x-agentrace-error", kind.as_bytes()),
+    ]);
+    Answer {
+        status,
+        headers: Forwarded::new(headers, &[]),
+        body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
+    }
 }
 
 /// Counts a request in flight on a backend until dropped (response finished or abandoned).
@@ -305,6 +296,14 @@ pub async fn handle(
     req: Request<Incoming>,
     client: Arc<ClientConn>,
 ) -> Response<ProxyBody> {
+    read_and_forward(inner, req, client).await.into_response()
+}
+
+async fn read_and_forward(
+    inner: Arc<Inner>,
+    req: Request<Incoming>,
+    client: Arc<ClientConn>,
+) -> Answer {
     let started = Started::now(&inner);
     let (parts, body) = req.into_parts();
     let limit = inner.max_request_body;
@@ -329,23 +328,22 @@ pub async fn handle(
         }
     };
     let req = ClientRequest {
+        headers: WireFields::from_map(&parts.headers),
         method: parts.method,
         uri: parts.uri,
-        headers: parts.headers,
         body,
     };
     forward(&inner, req, &client, started).await
 }
 
-/// A whole client request, as [`forward`] takes it: its fields in a map (HTTP/2) or as read
-/// ([`fields::WireFields`], HTTP/1.1).
-pub struct ClientRequest<F> {
+/// A whole client request, as [`forward`] takes it.
+pub struct ClientRequest {
     /// Method.
     pub method: Method,
     /// Request target.
     pub uri: Uri,
     /// Header fields as received.
-    pub headers: F,
+    pub headers: WireFields,
     /// The whole body.
     pub body: Bytes,
 }
@@ -353,12 +351,12 @@ pub struct ClientRequest<F> {
 /// Forwards one whole request: routes it by its session key, sends it with failover before
 /// the first response byte, and answers with the backend's response, whose body streams
 /// through frame by frame while the metrics and the recorder watch it.
-pub async fn forward<F: Fields>(
+pub async fn forward(
     inner: &Arc<Inner>,
-    req: ClientRequest<F>,
+    req: ClientRequest,
     client: &ClientConn,
     started: Started,
-) -> Response<ProxyBody> {
+) -> Answer {
     let request_received_at = Instant::now();
     let ClientRequest {
         method,
@@ -466,24 +464,28 @@ pub async fn forward<F: Fields>(
     };
 
     let head_at = Instant::now();
-    let (mut resp_parts, incoming) = response.into_parts();
-    health::on_response(&backend, resp_parts.status, &pool.health);
-    backend.metrics.request(resp_parts.status);
-    strip_hop_by_hop(&mut resp_parts.headers);
+    let UpstreamResponse {
+        status,
+        headers,
+        body: incoming,
+    } = response;
+    health::on_response(&backend, status, &pool.health);
+    backend.metrics.request(status);
+    let mut headers = Forwarded::new(headers, &[]);
     if let Some(v) = &backend.name_header {
-        resp_parts.headers.insert(X_AGENTRACE_BACKEND, v.clone());
+        headers.set(X_AGENTRACE_BACKEND, v.clone());
     }
+    let declared_length = headers.has("content-length");
     // An error event can be appended only to a stream without a declared length.
-    let sse = !resp_parts.headers.contains_key(header::CONTENT_LENGTH)
-        && resp_parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
+    let sse = !declared_length
+        && headers
+            .first("content-type")
+            .and_then(fields::text)
             .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
         let mut observer = sink.start(exchange(&backend));
-        observer.response_head(resp_parts.status, &resp_parts.headers, head_at);
+        observer.response_head(status, &headers.to_map(), head_at);
         observer
     });
     // For a body of known length (a plain JSON answer), take its first frame before
@@ -491,7 +493,7 @@ pub async fn forward<F: Fields>(
     // and body in one write instead of two. Streams (no length) are answered at once.
     let mut incoming = incoming;
     let mut pending = None;
-    if resp_parts.headers.contains_key(header::CONTENT_LENGTH) && !incoming.is_end_stream() {
+    if declared_length && !incoming.is_end_stream() {
         pending = incoming.frame().await;
     }
     let empty = pending.is_none() && incoming.is_end_stream();
@@ -522,22 +524,21 @@ pub async fn forward<F: Fields>(
         .metrics
         .overhead
         .record((overhead + head_at.elapsed()).as_secs_f64());
-    Response::from_parts(resp_parts, ProxyBody::Upstream(Box::new(observed)))
+    Answer {
+        status,
+        headers,
+        body: ProxyBody::Upstream(Box::new(observed)),
+    }
 }
 
 /// A request answered by the proxy itself, counted by status.
-pub fn refuse(
-    inner: &Inner,
-    status: StatusCode,
-    kind: &'static str,
-    message: &str,
-) -> Response<ProxyBody> {
+pub fn refuse(inner: &Inner, status: StatusCode, kind: &'static str, message: &str) -> Answer {
     inner.metrics.refused(status);
     error_response(status, kind, message)
 }
 
 /// The answer to a request body over `max_request_body_bytes`.
-pub fn too_large(inner: &Inner, limit: u64) -> Response<ProxyBody> {
+pub fn too_large(inner: &Inner, limit: u64) -> Answer {
     refuse(
         inner,
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -572,23 +573,29 @@ fn exchange_start(
     }
 }
 
+/// Fields of a request the proxy sets from elsewhere: `Host` from the backend URL,
+/// `Content-Length` from the body sent, and `Expect`, which the proxy answered itself.
+const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
+
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers<F: Fields>(h: F, uri: &Uri, client: &ClientConn) -> ForwardedHeaders<F> {
-    // One pass over the names finds every field the edits below read.
+fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
+    let mut out = Forwarded::new(h, REQUEST_REPLACED);
+    let added = proxy_fields(out.received(), uri, client);
+    for (name, value) in added {
+        out.set(name, value);
+    }
+    out
+}
+
+/// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
+fn proxy_fields(h: &impl Fields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
+    // One pass over the names finds every field read below.
     let (mut xff, mut forwarded_prev, mut xfh, mut host) = (None, None, false, None);
-    let mut connection_listed = Vec::new();
     for (name, value) in h.pairs() {
         let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
         match name.len() {
             4 if is("host") => host = host.or(Some(value)),
             9 if is("forwarded") => forwarded_prev = forwarded_prev.or(Some(value)),
-            10 if is("connection") => connection_listed.extend(
-                value
-                    .split(|&b| b == b',')
-                    .map(<[u8]>::trim_ascii)
-                    .filter(|n| !n.is_empty())
-                    .map(<[u8]>::to_ascii_lowercase),
-            ),
             15 if is("x-forwarded-for") => xff = xff.or(Some(value)),
             16 if is("x-forwarded-host") => xfh = true,
             _ => {}
@@ -632,11 +639,7 @@ fn forward_headers<F: Fields>(h: F, uri: &Uri, client: &ClientConn) -> Forwarded
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
         added.push((header::FORWARDED, v));
     }
-    ForwardedHeaders {
-        client: h,
-        connection_listed,
-        added,
-    }
+    added
 }
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
@@ -800,25 +803,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hop_by_hop_and_connection_listed_headers_are_removed() {
-        let mut h = HeaderMap::new();
-        h.insert("connection", "close, x-private".parse().unwrap());
-        h.insert("x-private", "1".parse().unwrap());
-        h.insert("keep-alive", "timeout=5".parse().unwrap());
-        h.insert("transfer-encoding", "chunked".parse().unwrap());
-        h.insert("x-session-id", "s1".parse().unwrap());
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1, "{h:?}");
-        assert!(h.contains_key("x-session-id"));
-    }
-
-    #[test]
     fn forwarded_headers_append_the_peer() {
         let mut h = HeaderMap::new();
         h.insert("host", "proxy.local".parse().unwrap());
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
         let out = forward_headers(
-            h,
+            WireFields::from_map(&h),
             &Uri::from_static("/"),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
         )
@@ -843,7 +833,7 @@ mod tests {
         h.insert("te", "trailers".parse().unwrap());
         h.insert("x-session-id", "s1".parse().unwrap());
         let out = forward_headers(
-            h,
+            WireFields::from_map(&h),
             &Uri::from_static("/"),
             &ClientConn::new("[2001:db8::1]:5000".parse().unwrap(), true, 0),
         )
@@ -875,7 +865,7 @@ mod tests {
             &Uri::from_static("/"),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
         );
-        let names: Vec<&[u8]> = out.iter().map(|(name, _)| name).collect();
+        let names: Vec<&[u8]> = out.pairs().map(|(name, _)| name).collect();
         assert_eq!(
             names,
             [
