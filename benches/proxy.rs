@@ -2,7 +2,9 @@
 //! keys, requests/s and p50/p99 latency direct to a backend, through agentrace, and (when
 //! installed) through nginx (`hash $http_x_session_id consistent`) and HAProxy
 //! (`balance hdr(X-Session-ID)` + `hash-type consistent`); then an SSE run (256 paced events
-//! per response) measuring events/s and the per-event delivery delay each proxy adds.
+//! per response) measuring events/s and the per-event delivery delay each proxy adds. With
+//! HAProxy installed, `tcp-relay` (HAProxy in TCP mode, no HTTP work, one backend) shows the
+//! latency that the extra hop alone adds on the machine.
 //!
 //! Run with `scripts/bench-proxy.sh` (or `cargo bench --bench proxy -- [flags]`). Flags:
 //! `--duration SECS` (per run, default 5), `--repeats N` (default 3, medians reported),
@@ -300,6 +302,23 @@ async fn start_haproxy(haproxy: &Path, dir: &Path, backends: &[SocketAddr]) -> T
     let mut command = tokio::process::Command::new(haproxy);
     command.arg("-f").arg(&path).arg("-db");
     start_peer("haproxy", command, port).await
+}
+
+/// HAProxy in TCP mode relaying every connection to the first backend: no HTTP work at all,
+/// only the extra hop through another process. Its added latency is the floor any proxy pays
+/// on this machine (the wake-ups of a process in the path), against which the others read.
+async fn start_tcp_relay(haproxy: &Path, dir: &Path, backend: SocketAddr) -> Target {
+    let port = free_port();
+    let conf = format!(
+        "global\n  nbthread 2\n  maxconn 4000\ndefaults\n  mode tcp\n  timeout connect 5s\n\
+         timeout client 120s\n  timeout server 120s\n\
+         listen relay\n  bind 127.0.0.1:{port}\n  server b0 {backend}\n"
+    );
+    let path = dir.join("tcp-relay.cfg");
+    std::fs::write(&path, conf).unwrap();
+    let mut command = tokio::process::Command::new(haproxy);
+    command.arg("-f").arg(&path).arg("-db");
+    start_peer("tcp-relay", command, port).await
 }
 
 /// Starts a peer proxy configured to listen on `port` and waits until it does.
@@ -712,11 +731,15 @@ async fn run(args: Args) {
         _ => {}
     }
     match installed("haproxy") {
-        Some(p) if wanted("haproxy") => {
-            targets.push(start_haproxy(&p, dir.path(), &backends).await)
+        Some(p) => {
+            if wanted("haproxy") {
+                targets.push(start_haproxy(&p, dir.path(), &backends).await);
+            }
+            if wanted("tcp-relay") {
+                targets.push(start_tcp_relay(&p, dir.path(), backends[0]).await);
+            }
         }
         None => println!("haproxy not installed: skipped (apt-get install haproxy)"),
-        _ => {}
     }
     let wrk = if args.rust_client {
         None

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Proxy benchmark (benches/proxy.rs): 4 loopback backends, 1,000 session keys; requests/s and
-# p50/p99 direct, through agentrace, nginx and HAProxy (those installed), closed loop and at
-# fixed rates, with each proxy's CPU time per request; then an SSE run.
+# p50/p99 direct, through agentrace, nginx and HAProxy (those installed; HAProxy in TCP mode as
+# the floor of what one more hop adds), closed loop and at fixed rates, with each proxy's CPU
+# time per request; then an SSE run.
 # Usage: scripts/bench-proxy.sh [--duration SECS] [--repeats N] [--loads 8,64] [--rates 2000,8000] [--sse-streams N]
-#        [--sse-interval-us N] [--rust-client] [--only agentrace,nginx,haproxy]
+#        [--sse-interval-us N] [--rust-client] [--only agentrace,nginx,haproxy,tcp-relay]
 # Peers and wrk are optional: apt-get install -y wrk nginx haproxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
