@@ -193,8 +193,13 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
-    /// `received`, to be passed on without hop-by-hop fields or those named in `replaced`.
-    pub fn new(received: WireFields, replaced: &'static [&'static str]) -> Self {
+    /// `received`, to be passed on without hop-by-hop fields or those named in `replaced`,
+    /// then `added`.
+    pub fn new(
+        received: WireFields,
+        replaced: &'static [&'static str],
+        added: Vec<(HeaderName, HeaderValue)>,
+    ) -> Self {
         let connection_listed: Vec<Vec<u8>> = received
             .values_of("connection")
             .flat_map(|v| v.split(|&b| b == b','))
@@ -206,12 +211,13 @@ impl Forwarded {
             .iter()
             .map(|r| r.as_bytes())
             .chain(connection_listed.iter().map(Vec::as_slice))
+            .chain(added.iter().map(|(name, _)| name.as_str().as_bytes()))
             .fold(HOP_BY_HOP_LENGTHS, |bits, name| bits | length_bit(name));
         Self {
             received,
             replaced,
             connection_listed,
-            added: Vec::new(),
+            added,
             dropped_lengths,
         }
     }
@@ -313,10 +319,13 @@ mod tests {
         h.insert("x-session-id", "s1".parse().unwrap());
         // As long as "connection": the length alone must not decide.
         h.insert("user-agent", "agent/1".parse().unwrap());
-        let mut out = Forwarded::new(WireFields::from_map(&h), &["content-length"]);
-        out.set(
-            HeaderName::from_static("x-agentrace-backend"),
-            HeaderValue::from_static("b1"),
+        let out = Forwarded::new(
+            WireFields::from_map(&h),
+            &["content-length"],
+            vec![(
+                HeaderName::from_static("x-agentrace-backend"),
+                HeaderValue::from_static("b1"),
+            )],
         );
         let sent: Vec<_> = out.pairs().collect();
         assert_eq!(

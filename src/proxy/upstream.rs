@@ -189,7 +189,7 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     ]);
     Answer {
         status,
-        headers: Forwarded::new(headers, &[]),
+        headers: Forwarded::new(headers, &[], Vec::new()),
         body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
     }
 }
@@ -471,10 +471,9 @@ pub async fn forward(
     } = response;
     health::on_response(&backend, status, &pool.health);
     backend.metrics.request(status);
-    let mut headers = Forwarded::new(headers, &[]);
-    if let Some(v) = &backend.name_header {
-        headers.set(X_AGENTRACE_BACKEND, v.clone());
-    }
+    let named = backend.name_header.iter();
+    let added = named.map(|v| (X_AGENTRACE_BACKEND, v.clone())).collect();
+    let headers = Forwarded::new(headers, &[], added);
     let declared_length = headers.has("content-length");
     // An error event can be appended only to a stream without a declared length.
     let sse = !declared_length
@@ -579,12 +578,8 @@ const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
 fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
-    let mut out = Forwarded::new(h, REQUEST_REPLACED);
-    let added = proxy_fields(out.received(), uri, client);
-    for (name, value) in added {
-        out.set(name, value);
-    }
-    out
+    let added = proxy_fields(&h, uri, client);
+    Forwarded::new(h, REQUEST_REPLACED, added)
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
@@ -618,25 +613,26 @@ fn proxy_fields(h: &impl Fields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderN
         added.push((X_FORWARDED_FOR, v));
     }
     added.push((X_FORWARDED_PROTO, HeaderValue::from_static(proto)));
-    let mut forwarded = String::with_capacity(96);
+    // Built where the header value will live: one allocation.
+    let mut forwarded = bytes::BytesMut::with_capacity(96);
     if let Some(prev) = forwarded_prev.and_then(fields::text) {
-        forwarded.push_str(prev);
-        forwarded.push_str(", ");
+        forwarded.extend_from_slice(prev.as_bytes());
+        forwarded.extend_from_slice(b", ");
     }
-    forwarded.push_str(&client.forwarded_for);
-    forwarded.push_str(";proto=");
-    forwarded.push_str(proto);
+    forwarded.extend_from_slice(client.forwarded_for.as_bytes());
+    forwarded.extend_from_slice(b";proto=");
+    forwarded.extend_from_slice(proto.as_bytes());
     if let Some(host) = host {
-        forwarded.push_str(";host=\"");
-        forwarded.push_str(host);
-        forwarded.push('"');
+        forwarded.extend_from_slice(b";host=\"");
+        forwarded.extend_from_slice(host.as_bytes());
+        forwarded.extend_from_slice(b"\"");
         if !xfh {
             if let Ok(v) = HeaderValue::from_str(host) {
                 added.push((X_FORWARDED_HOST, v));
             }
         }
     }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(forwarded)) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(forwarded.freeze()) {
         added.push((header::FORWARDED, v));
     }
     added
