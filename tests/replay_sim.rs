@@ -43,8 +43,8 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 
 // At time-scale 1 each turn's TTFT and latency as the replayer measured them agree with the
 // simulator's own log: never below it (the client sends before the server receives and reads
-// after it writes), and within 1 ms of it at the median: TTFT, latency and the first-to-last
-// span.
+// after it writes), and at the median no further from it than a bare request's round trip
+// plus 1 ms: TTFT, latency and the first-to-last span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turn_timings_agree_with_the_simulator_ground_truth() {
     let _serial = SERIAL.lock().await;
@@ -63,6 +63,7 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
         .await
         .unwrap();
     assert_eq!(s.turns_ok, 32);
+    let round_trip = bare_round_trip_ms(&url).await;
     trigger.fire();
     cluster.join().await;
 
@@ -89,26 +90,47 @@ async fn turn_timings_agree_with_the_simulator_ground_truth() {
         percentile(decode_diff.clone(), 50.0),
     );
     println!(
-        "vs ground truth: TTFT +{t50:.3} ms p50 (max {:.3}); latency +{l50:.3} ms p50 (max {:.3}); first-to-last span |diff| {d50:.3} ms p50",
+        "vs ground truth: TTFT +{t50:.3} ms p50 (max {:.3}); latency +{l50:.3} ms p50 (max {:.3}); first-to-last span |diff| {d50:.3} ms p50; bare round trip {round_trip:.3} ms p50",
         percentile(ttft_diff, 100.0),
         percentile(lat_diff, 100.0)
     );
     // The simulator emits each token when it is due (precise sleeps, as the replayer's); what
-    // remains is the loopback and the thread wake-ups on both sides: 0.44-0.59 ms at the
-    // median on the 2-core virtual machine, slowest when it is otherwise idle (its cores wake
-    // from a halt). The median of 32 turns keeps single late wake-ups out.
+    // remains is the loopback and the thread wake-ups on both sides. A bare request to the
+    // same server pays the same loopback and wake-ups, less the two hand-offs between the
+    // connection's task and the engine loop; how long all of them take depends on how busy
+    // the machine is (0.4-1.2 ms at the median on a 2-core VM). So the bound is that round
+    // trip, measured in the same run, plus 1 ms for the hand-offs: a timestamp taken at the
+    // wrong event or a stream buffered anywhere costs whole token intervals, far more. The
+    // median of 32 turns keeps single late wake-ups out.
+    let bound = round_trip + 1.0;
     assert!(
-        t50 < 1.0,
-        "TTFT differs from ground truth by {t50} ms at the median"
+        t50 < bound,
+        "TTFT differs from ground truth by {t50} ms at the median (bound {bound} ms)"
     );
     assert!(
-        l50 < 1.0,
-        "latency differs from ground truth by {l50} ms at the median"
+        l50 < bound,
+        "latency differs from ground truth by {l50} ms at the median (bound {bound} ms)"
     );
     assert!(
-        d50 < 1.0,
-        "first-to-last span differs by {d50} ms at the median"
+        d50 < bound,
+        "first-to-last span differs by {d50} ms at the median (bound {bound} ms)"
     );
+}
+
+/// The median time of 32 `GET /health` requests to `url`, spaced as turns are, so the
+/// machine's cores idle between them as they do between a replay's requests.
+async fn bare_round_trip_ms(url: &str) -> f64 {
+    let client = support::backends::client();
+    let health = format!("{url}/health");
+    let mut times = Vec::new();
+    for _ in 0..32 {
+        let started = std::time::Instant::now();
+        let (status, _, _) = support::backends::fetch(&client, "GET", &health, &[], "").await;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert!(status.is_success(), "GET {health}: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    percentile(times, 50.0)
 }
 
 // The oracle answers the recorded reply with probability `oracle_accuracy` and a wrong command
