@@ -766,7 +766,6 @@ mod tests {
     use super::*;
     use crate::proxy::fields::WireFields;
     use crate::proxy::metrics::ProxyMetrics;
-    use http::HeaderMap;
 
     fn pool_of(names: &[&str], load_factor: f64) -> Pool {
         let metrics = ProxyMetrics::new();
@@ -1058,51 +1057,30 @@ mod tests {
             HeaderName::from_static("x-session-id"),
             HeaderName::from_static("session-id"),
         ];
-        let mut h = HeaderMap::new();
-        h.insert("session-id", "second".parse().unwrap());
-        h.insert("x-session-id", "".parse().unwrap());
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
-        let k = session_key(
-            &WireFields::from_map(&h),
-            &names,
-            true,
-            &Method::POST,
-            "/v1/chat/completions",
-            body,
-        )
-        .unwrap();
+        let key = |x_session_id: &str| {
+            let h = WireFields::from_pairs([
+                (&b"session-id"[..], &b"second"[..]),
+                (b"x-session-id", x_session_id.as_bytes()),
+            ]);
+            let path = "/v1/chat/completions";
+            session_key(&h, &names, true, &Method::POST, path, body).unwrap()
+        };
+        let k = key("");
         assert_eq!((k.text.as_str(), k.source), ("second", KeySource::Header));
-        h.insert("x-session-id", "first".parse().unwrap());
-        let k = session_key(
-            &WireFields::from_map(&h),
-            &names,
-            true,
-            &Method::POST,
-            "/v1/chat/completions",
-            body,
-        )
-        .unwrap();
-        assert_eq!(k.text, "first");
+        assert_eq!(key("first").text, "first");
     }
 
     #[test]
     fn fingerprint_is_the_same_for_every_turn_of_a_conversation() {
         let names = [HeaderName::from_static("x-session-id")];
-        let h = HeaderMap::new();
+        let h = WireFields::default();
         let turn1 = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"}],"stream":true}"#;
         let turn2 = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"},{"role":"assistant","content":"done"},{"role":"user","content":"now tests"}],"stream":true}"#;
         let other = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 2"}]}"#;
         let other_model = br#"{"model":"n","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"}]}"#;
         let fp = |b: &[u8]| {
-            session_key(
-                &WireFields::from_map(&h),
-                &names,
-                true,
-                &Method::POST,
-                "/v1/chat/completions",
-                b,
-            )
-            .unwrap()
+            session_key(&h, &names, true, &Method::POST, "/v1/chat/completions", b).unwrap()
         };
         assert_eq!(fp(turn1), fp(turn2));
         assert_eq!(fp(turn1).source, KeySource::Fingerprint);
@@ -1110,7 +1088,7 @@ mod tests {
         assert_ne!(fp(turn1), fp(other));
         assert_ne!(fp(turn1), fp(other_model));
         assert!(session_key(
-            &WireFields::from_map(&h),
+            &h,
             &names,
             false,
             &Method::POST,
@@ -1118,17 +1096,9 @@ mod tests {
             turn1
         )
         .is_none());
+        assert!(session_key(&h, &names, true, &Method::POST, "/v1/completions", turn1).is_none());
         assert!(session_key(
-            &WireFields::from_map(&h),
-            &names,
-            true,
-            &Method::POST,
-            "/v1/completions",
-            turn1
-        )
-        .is_none());
-        assert!(session_key(
-            &WireFields::from_map(&h),
+            &h,
             &names,
             true,
             &Method::GET,
@@ -1137,7 +1107,7 @@ mod tests {
         )
         .is_none());
         assert!(session_key(
-            &WireFields::from_map(&h),
+            &h,
             &names,
             true,
             &Method::POST,

@@ -583,7 +583,7 @@ fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
-fn proxy_fields(h: &impl Fields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
+fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
     // One pass over the names finds every field read below.
     let (mut xff, mut forwarded_prev, mut xfh, mut host) = (None, None, false, None);
     for (name, value) in h.pairs() {
