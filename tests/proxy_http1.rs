@@ -11,7 +11,9 @@
 //! responses are re-framed for the client, whose connection stays reusable; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
 //! backend closed is replaced on the same backend instead of failing over; `Connection: close`
-//! from the client closes after the response.
+//! from the client closes after the response; a client that sends nothing, stalls in a head or
+//! a body, or idles past the idle timeout is closed (with 408 when a request was under way),
+//! while a backend may take longer than every client time limit.
 
 mod support;
 
@@ -1073,5 +1075,122 @@ async fn a_pooled_connection_closed_before_answering_is_retried_once_on_a_fresh_
         "the dropped request and its one retry"
     );
     assert_eq!(racing.answered(), 2);
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// Client time limits
+
+/// A proxy over `backend` with the given `[client]` limits in milliseconds.
+async fn proxy_with_client_limits(
+    backend: &TestBackend,
+    header_ms: u64,
+    body_ms: u64,
+    idle_ms: u64,
+) -> TestProxy {
+    let mut config = config_for(&[backend]);
+    config.client.header_timeout_ms = header_ms;
+    config.client.body_timeout_ms = body_ms;
+    config.client.idle_timeout_ms = idle_ms;
+    start_proxy(config).await
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_after_the_header_timeout() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000).await;
+    let opened = std::time::Instant::now();
+    let mut client = Client::connect(proxy.addr).await;
+    client.assert_closed().await;
+    assert!(
+        opened.elapsed() >= Duration::from_millis(200),
+        "closed before the header timeout: {:?}",
+        opened.elapsed()
+    );
+    assert_eq!(backend.hits(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_head_that_stalls_gets_408_and_a_closed_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000).await;
+    let mut client = Client::connect(proxy.addr).await;
+    // A first request, then half of a second head and nothing more.
+    client.send(get("/v1/first")).await;
+    assert_eq!(client.reply().await.status, 200);
+    let stalled = std::time::Instant::now();
+    client
+        .send("GET /v1/never HTTP/1.1\r\nhost: proxy.test\r\n")
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 408, "{reply:?}");
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    assert!(stalled.elapsed() >= Duration::from_millis(200));
+    client.assert_closed().await;
+    assert_eq!(backend.hits(), 1, "the stalled request reached the backend");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_gets_408_and_never_reaches_the_backend() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 200, 60_000).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+             content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        )
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 408, "{reply:?}");
+    client.assert_closed().await;
+    assert_eq!(backend.hits(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 60_000, 300).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(get("/v1/one")).await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200);
+    assert_ne!(reply.header("connection").as_deref(), Some("close"));
+    let idle_from = std::time::Instant::now();
+    client.assert_closed().await;
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(300),
+        "closed {:?} after the response, before the idle timeout",
+        idle_from.elapsed()
+    );
+    proxy.shutdown().await;
+}
+
+/// The client limits bound what the client sends and how long it idles, never how long a
+/// backend works: a generation that outlasts all of them is answered, on a connection that
+/// stays open for the next turn.
+#[tokio::test]
+async fn a_backend_slower_than_every_client_limit_still_answers() {
+    let backend = TestBackend::spawn_with("slow", Mode::Stall).await;
+    let proxy = proxy_with_client_limits(&backend, 100, 100, 100).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(get("/v1/slow")).await;
+    backend
+        .wait_for("the request to arrive", |c| {
+            c.hits.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    // Let four times the longest client limit pass with the request at the backend.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    backend.release(1);
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.json()["stalled"], true);
+    backend.set_mode(Mode::Json);
+    client.send(get("/v1/next")).await;
+    assert_eq!(client.reply().await.status, 200);
     proxy.shutdown().await;
 }

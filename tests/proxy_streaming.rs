@@ -6,7 +6,9 @@
 //! client that goes away cancels the upstream request; failing probes eject a backend and
 //! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
 //! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
-//! shutdown lets an open stream finish; h2c works on the plain listener; upstream keep-alive
+//! shutdown lets an open stream finish; h2c works on the plain listener, and an HTTP/2
+//! connection is closed once it has had no open stream for the idle timeout (a stream open
+//! longer than that keeps it); upstream keep-alive
 //! connections are reused request after request; `https` backends are reached with the
 //! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles; client connections spread
 //! evenly over the forwarding workers.
@@ -777,6 +779,64 @@ async fn h2c_ingress_is_served() {
     assert_eq!(resp.version(), http::Version::HTTP_2);
     assert_eq!(resp.status(), 200);
     assert_eq!(served_by(resp.headers()), "a");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_http2_connection_closes_after_idling_but_not_while_a_stream_is_open() {
+    let backend = TestBackend::spawn_with("slow", Mode::Stall).await;
+    let mut config = config_for(&[&backend]);
+    config.client.idle_timeout_ms = 200;
+    let proxy = start_proxy(config).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let mut conn = tokio::spawn(conn);
+    let req = http::Request::get(proxy.url("/v1/slow"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let first = send.send_request(req);
+    let answer = tokio::spawn(first);
+    backend
+        .wait_for("the request to arrive", |c| {
+            c.hits.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    // Three idle timeouts pass with the stream open; the connection still takes new streams.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    backend.set_mode(Mode::Json);
+    let second = http::Request::get(proxy.url("/v1/second"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let second = send
+        .send_request(second)
+        .await
+        .expect("a new stream after a long open one");
+    assert_eq!(second.status(), 200);
+    drop(second);
+    backend.release(1);
+    let resp = answer.await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert!(body.starts_with(b"{\"stalled\""), "{body:?}");
+    let idle_from = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), &mut conn)
+        .await
+        .expect("the idle connection was not closed")
+        .unwrap()
+        .unwrap();
+    assert!(
+        idle_from.elapsed() >= Duration::from_millis(150),
+        "closed {:?} after the stream ended",
+        idle_from.elapsed()
+    );
     proxy.shutdown().await;
 }
 

@@ -34,6 +34,8 @@ pub struct ProxyConfig {
     pub workers: usize,
     /// Ingress TLS termination; absent means plain HTTP.
     pub tls: Option<TlsConfig>,
+    /// How long the proxy waits on agents' connections.
+    pub client: ClientConfig,
     /// Metrics and admin API listener.
     pub admin: AdminConfig,
     /// How the proxy talks to the backends.
@@ -56,6 +58,33 @@ pub struct TlsConfig {
     pub cert_file: PathBuf,
     /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
     pub key_file: PathBuf,
+}
+
+/// Time limits on the agents' side, so a client that stalls or idles cannot hold a connection
+/// (and its task and buffers) for ever. None applies while a backend works on a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientConfig {
+    /// A request head must be complete this long after its first byte (or, on a new
+    /// connection, after the connection opened); otherwise `408` and the connection closes.
+    pub header_timeout_ms: u64,
+    /// While a request body is read, each read must bring bytes within this; otherwise `408`.
+    pub body_timeout_ms: u64,
+    /// A keep-alive connection with no request in progress (HTTP/2: no open stream) is
+    /// closed after this long. Above the 4-5 s after which agents' HTTP clients (httpx,
+    /// undici) drop idle connections themselves, so the proxy never closes one a client is
+    /// about to reuse.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            header_timeout_ms: 30_000,
+            body_timeout_ms: 60_000,
+            idle_timeout_ms: 75_000,
+        }
+    }
 }
 
 /// The admin listener serves `/metrics` and `/admin/*`.
@@ -200,6 +229,7 @@ impl Default for ProxyConfig {
             shutdown_grace_secs: 30,
             workers: 0,
             tls: None,
+            client: ClientConfig::default(),
             admin: AdminConfig::default(),
             upstream: UpstreamConfig::default(),
             affinity: AffinityConfig::default(),
@@ -307,6 +337,15 @@ impl ProxyConfig {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes: must be > 0, got 0".into());
+        }
+        for (field, value) in [
+            ("client.header_timeout_ms", self.client.header_timeout_ms),
+            ("client.body_timeout_ms", self.client.body_timeout_ms),
+            ("client.idle_timeout_ms", self.client.idle_timeout_ms),
+        ] {
+            if value == 0 {
+                return bad(format!("{field}: must be > 0, got 0"));
+            }
         }
         if self.workers > 256 {
             return bad(format!("workers: must be <= 256, got {}", self.workers));
@@ -559,6 +598,18 @@ mod tests {
             (
                 format!("listen = \"127.0.0.1:7000\"\n[admin]\nlisten = \"127.0.0.1:7000\"\n{b}"),
                 "admin.listen: must differ from listen, both are 127.0.0.1:7000",
+            ),
+            (
+                format!("[client]\nheader_timeout_ms = 0\n{b}"),
+                "client.header_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nbody_timeout_ms = 0\n{b}"),
+                "client.body_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nidle_timeout_ms = 0\n{b}"),
+                "client.idle_timeout_ms: must be > 0, got 0",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

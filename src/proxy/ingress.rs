@@ -1,7 +1,8 @@
 //! Ingress: one HTTP/1.1 client connection (plain or TLS), served in its own task. Each
 //! request is read whole, handed to [`upstream::forward`], and its response written as the
 //! body arrives. While the backend works, the connection is still read, so a client that
-//! hangs up takes the upstream request down with it.
+//! hangs up takes the upstream request down with it. The client's own pace is bounded
+//! (`[client]`): a head, each read of a body, and the idle time between requests.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -15,7 +16,8 @@ use http::header;
 use http::{Method, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::{Instant, Sleep};
 
 use super::fields::Fields;
 use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
@@ -30,23 +32,80 @@ const COPY_MAX: usize = 16 * 1024;
 /// dropped, so that closing does not reset the connection before the client reads the answer.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// Serves HTTP/1.1 requests on `io` until the client closes, asks to close, or `shutdown`
-/// fires while the connection is idle; `buf` holds bytes already read from it.
+/// The client-side time limits (`[client]` in the config).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    pub header: Duration,
+    pub body: Duration,
+    pub idle: Duration,
+}
+
+impl From<&super::config::ClientConfig> for ClientLimits {
+    fn from(c: &super::config::ClientConfig) -> Self {
+        Self {
+            header: Duration::from_millis(c.header_timeout_ms),
+            body: Duration::from_millis(c.body_timeout_ms),
+            idle: Duration::from_millis(c.idle_timeout_ms),
+        }
+    }
+}
+
+/// One timer for a connection's life. A deadline that moves later (every request moves the
+/// idle one) costs nothing until the timer fires early and is set again, so a busy connection
+/// touches the timer wheel once per timeout period, not once per request.
+pub struct Deadline {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Deadline {
+    pub fn new(at: Instant) -> Self {
+        Self {
+            sleep: Box::pin(tokio::time::sleep_until(at)),
+        }
+    }
+
+    /// Resolves once `at` has passed.
+    pub async fn reached(&mut self, at: Instant) {
+        if self.sleep.deadline() > at {
+            self.sleep.as_mut().reset(at);
+        }
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= at {
+                return;
+            }
+            self.sleep.as_mut().reset(at);
+        }
+    }
+}
+
+/// Serves HTTP/1.1 requests on `io` until the client closes, asks to close, idles past the
+/// idle timeout, or `shutdown` fires while the connection is idle; `buf` holds bytes already
+/// read from it, and `opened` is when the connection was accepted.
 pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     io: S,
     buf: BytesMut,
     inner: Arc<Inner>,
     client: Arc<ClientConn>,
     shutdown: Shutdown,
+    opened: Instant,
 ) {
+    let limits = inner.client_limits;
     let mut conn = Conn {
         io,
         buf,
         out: Vec::with_capacity(4096),
+        limits,
+        idle_since: opened,
+        served: false,
     };
-    // One wait for the connection's life: it registers once, not once per request.
+    // One wait and one timer for the connection's life: they register once, not per request.
     let mut stop = std::pin::pin!(shutdown.clone().signalled());
-    while let Next::KeepAlive = conn.exchange(&inner, &client, &shutdown, &mut stop).await {}
+    let mut deadline = Deadline::new(opened + limits.header);
+    while let Next::KeepAlive = conn
+        .exchange(&inner, &client, &shutdown, &mut stop, &mut deadline)
+        .await
+    {}
     let _ = conn.io.shutdown().await;
 }
 
@@ -60,6 +119,7 @@ enum BodyError {
     TooLarge,
     Malformed(H1Error),
     Closed,
+    TimedOut,
 }
 
 struct Conn<S> {
@@ -68,6 +128,11 @@ struct Conn<S> {
     buf: BytesMut,
     /// The response bytes being put together for the next write.
     out: Vec<u8>,
+    limits: ClientLimits,
+    /// When the connection last became idle: opened, or the last response written.
+    idle_since: Instant,
+    /// Whether a request has been answered on this connection.
+    served: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -102,7 +167,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         client: &ClientConn,
         shutdown: &Shutdown,
         stop: &mut Pin<&mut impl Future<Output = ()>>,
+        deadline: &mut Deadline,
     ) -> Next {
+        // Set when a head is found incomplete: only a head split over reads waits on it.
+        let mut head_due = None;
         let head = loop {
             match h1::parse_request(&mut self.buf) {
                 Ok(Some(head)) => break head,
@@ -117,9 +185,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
             }
             let idle = self.buf.is_empty();
+            let due = match (self.served, idle) {
+                // A new connection has the header timeout to bring its first head.
+                (false, _) => self.idle_since + self.limits.header,
+                (true, true) => self.idle_since + self.limits.idle,
+                (true, false) => {
+                    *head_due.get_or_insert_with(|| Instant::now() + self.limits.header)
+                }
+            };
+            // Biased: once bytes are there, neither the signal nor the timer is polled again.
             let read = tokio::select! {
+                biased;
                 read = self.read_more() => read,
                 () = stop.as_mut(), if idle => return Next::Close,
+                () = deadline.reached(due) => {
+                    if idle {
+                        return Next::Close;
+                    }
+                    return self.timed_out(inner, "request head").await;
+                }
             };
             if !matches!(read, Ok(n) if n > 0) {
                 return Next::Close;
@@ -127,7 +211,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         let started = Started::now(inner);
         let limit = inner.max_request_body;
-        let body = match self.read_body(&head, limit).await {
+        let body = match self.read_body(&head, limit, deadline).await {
             Ok(body) => body,
             Err(BodyError::TooLarge) => {
                 let answer = upstream::too_large(inner, limit);
@@ -141,6 +225,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     .await
             }
             Err(BodyError::Closed) => return Next::Close,
+            Err(BodyError::TimedOut) => return self.timed_out(inner, "request body").await,
         };
         let RequestHead {
             method,
@@ -168,11 +253,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         };
         let keep = keep_alive && !shutdown.is_fired();
-        self.respond(response, head_request, version, keep).await
+        let next = self.respond(response, head_request, version, keep).await;
+        self.served = true;
+        self.idle_since = Instant::now();
+        next
     }
 
     /// Reads the request body whole, within `limit` bytes.
-    async fn read_body(&mut self, head: &RequestHead, limit: u64) -> Result<Bytes, BodyError> {
+    async fn read_body(
+        &mut self,
+        head: &RequestHead,
+        limit: u64,
+        deadline: &mut Deadline,
+    ) -> Result<Bytes, BodyError> {
         let expects_continue = head.version == Version::HTTP_11
             && head
                 .headers
@@ -191,9 +284,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     }
                     self.buf.reserve(n - self.buf.len());
                     while self.buf.len() < n {
-                        if !matches!(self.io.read_buf(&mut self.buf).await, Ok(r) if r > 0) {
-                            return Err(BodyError::Closed);
-                        }
+                        self.read_body_part(deadline).await?;
                     }
                 }
                 Ok(self.buf.split_to(n).freeze())
@@ -213,11 +304,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     if done {
                         return Ok(body.freeze());
                     }
-                    if !matches!(self.read_more().await, Ok(r) if r > 0) {
-                        return Err(BodyError::Closed);
-                    }
+                    self.read_body_part(deadline).await?;
                 }
             }
+        }
+    }
+
+    /// One read of a request body, which must bring bytes within the body timeout.
+    async fn read_body_part(&mut self, deadline: &mut Deadline) -> Result<(), BodyError> {
+        let due = Instant::now() + self.limits.body;
+        tokio::select! {
+            read = self.read_more() => match read {
+                Ok(n) if n > 0 => Ok(()),
+                _ => Err(BodyError::Closed),
+            },
+            () = deadline.reached(due) => Err(BodyError::TimedOut),
         }
     }
 
@@ -235,6 +336,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let answer = upstream::refuse(inner, status, "invalid_request_error", message);
         self.respond(answer, false, Version::HTTP_11, false).await;
         self.linger().await;
+        Next::Close
+    }
+
+    /// Answers `408` to a client too slow to send `what`, and closes.
+    async fn timed_out(&mut self, inner: &Inner, what: &str) -> Next {
+        let message = format!("{what} not received in time");
+        let answer = upstream::refuse(
+            inner,
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            &message,
+        );
+        self.respond(answer, false, Version::HTTP_11, false).await;
         Next::Close
     }
 

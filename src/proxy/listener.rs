@@ -11,15 +11,16 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
 use metrics::Gauge;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
+use super::ingress::Deadline;
 use super::{ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
@@ -215,7 +216,6 @@ async fn worker_loop(
     mut shutdown: Shutdown,
     grace: Duration,
 ) {
-    let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     // Connections watch this worker's own copy of the signal, which every idle keep-alive
     // connection polls between requests: no lock another thread takes.
@@ -233,11 +233,10 @@ async fn worker_loop(
                         continue;
                     }
                 };
-                let watcher = graceful.watcher();
                 let (inner, tls, shutdown) =
                     (inner.clone(), tls.clone(), connection_shutdown.clone());
                 connections.spawn(async move {
-                    serve_connection(stream, peer, tls, watcher, inner, worker, shutdown).await;
+                    serve_connection(stream, peer, tls, inner, worker, shutdown).await;
                     drop(guard);
                 });
             }
@@ -255,7 +254,6 @@ async fn worker_loop(
         );
     }
     let drained = tokio::time::timeout(grace, async {
-        graceful.shutdown().await;
         while connections.join_next().await.is_some() {}
     })
     .await;
@@ -294,23 +292,25 @@ async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
     tls: Option<TlsAcceptor>,
-    watcher: hyper_util::server::graceful::Watcher,
     inner: Arc<Inner>,
     worker: usize,
     mut shutdown: Shutdown,
 ) {
+    let opened = Instant::now();
     let client = Arc::new(upstream::ClientConn::new(peer, tls.is_some(), worker));
     let result = match tls {
         None => {
             let mut buf = BytesMut::with_capacity(16 * 1024);
+            let first_bytes_due = opened + inner.client_limits.header;
             let sniffed = tokio::select! {
                 sniffed = sniff_h2(&mut stream, &mut buf) => sniffed,
                 () = shutdown.wait() => return,
+                () = tokio::time::sleep_until(first_bytes_due) => return,
             };
             match sniffed {
                 None => return,
                 Some(false) => {
-                    ingress::serve(stream, buf, inner, client, shutdown).await;
+                    ingress::serve(stream, buf, inner, client, shutdown, opened).await;
                     return;
                 }
                 Some(true) => {
@@ -318,7 +318,7 @@ async fn serve_connection(
                         prefix: buf.freeze(),
                         inner: stream,
                     };
-                    serve_h2(io, watcher, inner, client).await
+                    serve_h2(io, inner, client, shutdown, opened).await
                 }
             }
         }
@@ -336,10 +336,10 @@ async fn serve_connection(
                     }
                 };
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
-                ingress::serve(stream, BytesMut::new(), inner, client, shutdown).await;
+                ingress::serve(stream, BytesMut::new(), inner, client, shutdown, opened).await;
                 return;
             }
-            serve_h2(stream, watcher, inner, client).await
+            serve_h2(stream, inner, client, shutdown, opened).await
         }
     };
     if let Err(e) = result {
@@ -347,20 +347,113 @@ async fn serve_connection(
     }
 }
 
-/// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`].
+/// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`], until
+/// the client closes it, or it has had no open stream for the idle timeout or `shutdown`
+/// fires (then GOAWAY, and the open streams finish).
 async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: S,
-    watcher: hyper_util::server::graceful::Watcher,
     inner: Arc<Inner>,
     client: Arc<upstream::ClientConn>,
+    mut shutdown: Shutdown,
+    opened: Instant,
 ) -> Result<(), hyper::Error> {
-    let service = service_fn(move |req| {
-        let (inner, client) = (inner.clone(), client.clone());
-        async move { Ok::<_, Infallible>(upstream::handle(inner, req, client).await) }
+    let idle = inner.client_limits.idle;
+    let streams = Arc::new(OpenStreams::new(opened));
+    let service = service_fn({
+        let streams = streams.clone();
+        move |req| {
+            let (inner, client, open) = (inner.clone(), client.clone(), streams.open());
+            async move {
+                let response = upstream::handle(inner, req, client).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, _open: open }))
+            }
+        }
     });
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(io), service);
-    watcher.watch(conn).await
+    tokio::pin!(conn);
+    let mut deadline = Deadline::new(opened + idle);
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => return done,
+            () = shutdown.wait() => break,
+            () = deadline.reached(streams.idle_until(idle)) => {
+                if streams.idle_until(idle) <= Instant::now() {
+                    break;
+                }
+            }
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await
+}
+
+/// The streams open on an HTTP/2 connection, and since when it has had none.
+struct OpenStreams {
+    state: parking_lot::Mutex<(usize, Instant)>,
+}
+
+impl OpenStreams {
+    fn new(opened: Instant) -> Self {
+        Self {
+            state: parking_lot::Mutex::new((0, opened)),
+        }
+    }
+
+    fn open(self: &Arc<Self>) -> StreamOpen {
+        self.state.lock().0 += 1;
+        StreamOpen(self.clone())
+    }
+
+    /// When the connection will have idled for `idle`; with a stream open, `idle` from now
+    /// (checked again then).
+    fn idle_until(&self, idle: Duration) -> Instant {
+        let (open, since) = *self.state.lock();
+        if open > 0 {
+            Instant::now() + idle
+        } else {
+            since + idle
+        }
+    }
+}
+
+/// One open stream: counted from its request until its response body ends or is dropped.
+struct StreamOpen(Arc<OpenStreams>);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock();
+        state.0 -= 1;
+        if state.0 == 0 {
+            state.1 = Instant::now();
+        }
+    }
+}
+
+/// A response body that keeps its stream counted open while it is sent.
+struct Tracked<B> {
+    body: B,
+    _open: StreamOpen,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// A stream whose first bytes were already read: they are read again before the rest.

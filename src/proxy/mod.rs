@@ -89,6 +89,7 @@ pub struct Inner {
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Mutex<Option<Recorder>>,
     max_request_body: u64,
+    client_limits: ingress::ClientLimits,
     retries: AtomicU32,
     config: Mutex<ProxyConfig>,
 }
@@ -224,6 +225,7 @@ async fn start_inner(
         sink,
         recorder: Mutex::new(recorder),
         max_request_body: config.max_request_body_bytes,
+        client_limits: ingress::ClientLimits::from(&config.client),
         retries: AtomicU32::new(config.upstream.retries),
         config: Mutex::new(config),
     });
@@ -283,9 +285,10 @@ impl Inner {
             || config.admin != current.admin
             || config.capture != current.capture
             || config.max_request_body_bytes != current.max_request_body_bytes
+            || config.client != current.client
             || config.workers != current.workers
         {
-            tracing::warn!("listen, tls, admin, capture, workers and max_request_body_bytes changes need a restart; keeping the running values");
+            tracing::warn!("listen, tls, client, admin, capture, workers and max_request_body_bytes changes need a restart; keeping the running values");
         }
         let client = upstream::build_client(&config.upstream, any_https(&config))?;
         let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;
