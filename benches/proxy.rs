@@ -4,7 +4,9 @@
 //! (`balance hdr(X-Session-ID)` + `hash-type consistent`); then an SSE run (256 paced events
 //! per response) measuring events/s and the per-event delivery delay each proxy adds. With
 //! HAProxy installed, `tcp-relay` (HAProxy in TCP mode, no HTTP work, one backend) shows the
-//! latency that the extra hop alone adds on the machine.
+//! latency that the extra hop alone adds on the machine. For the open-loop rates, agentrace's
+//! own time per request is read from its `agentrace_proxy_overhead_seconds` histogram, which
+//! separates the proxy's work from the hop it adds.
 //!
 //! Run with `scripts/bench-proxy.sh` (or `cargo bench --bench proxy -- [flags]`). Flags:
 //! `--duration SECS` (per run, default 5), `--repeats N` (default 3, medians reported),
@@ -182,6 +184,8 @@ fn sse_response(anchor: Instant, interval: Duration) -> Response<BenchBody> {
 struct Target {
     name: String,
     addr: SocketAddr,
+    /// agentrace's admin listener, whose `/metrics` shows the proxy's own time per request.
+    admin: Option<SocketAddr>,
     _child: Option<tokio::process::Child>,
 }
 
@@ -245,10 +249,14 @@ async fn start_agentrace(dir: &Path, backends: &[SocketAddr], wrap: &[String]) -
         .await
         .unwrap()
         .expect("agentrace announces its address");
-    let addr: SocketAddr = line.split_whitespace().nth(4).unwrap().parse().unwrap();
+    // "agentrace proxy listening on ADDR (admin ADMIN)"
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let addr: SocketAddr = words[4].parse().unwrap();
+    let admin: SocketAddr = words[6].trim_end_matches(')').parse().unwrap();
     Target {
         name: "agentrace".into(),
         addr,
+        admin: Some(admin),
         _child: Some(child),
     }
 }
@@ -333,6 +341,7 @@ async fn start_peer(name: &str, mut command: tokio::process::Command, port: u16)
     wait_listening(addr, name).await;
     Target {
         name: name.into(),
+        admin: None,
         addr,
         _child: Some(child),
     }
@@ -349,6 +358,70 @@ struct RunResult {
     errors: u64,
     /// CPU time the proxy processes spent per request (user + system), when measurable.
     cpu_us_per_req: f64,
+    /// agentrace only: the p50 and p99 of its own time per request in this run, as the upper
+    /// bounds of their buckets in `agentrace_proxy_overhead_seconds` (NaN for the others).
+    own_p50_us: f64,
+    own_p99_us: f64,
+}
+
+/// The cumulative bucket counts of agentrace's overhead histogram, `(le seconds, count)`.
+async fn overhead_buckets(admin: SocketAddr) -> Vec<(f64, u64)> {
+    let stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get("/metrics")
+        .header("host", admin.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let body = send.send_request(req).await.unwrap().into_body();
+    let text = body.collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("agentrace_proxy_overhead_seconds_bucket{le=\"")?;
+            let (le, count) = rest.split_once("\"} ")?;
+            Some((
+                le.parse().unwrap_or(f64::INFINITY),
+                count.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The upper bound (µs) of the bucket holding quantile `q` of what was counted between
+/// `before` and `after`.
+fn bucket_quantile_us(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> f64 {
+    let counts: Vec<(f64, u64)> = after
+        .iter()
+        .map(|&(le, n)| {
+            let was = before.iter().find(|b| b.0 == le).map_or(0, |b| b.1);
+            (le, n - was)
+        })
+        .collect();
+    let total = counts.last().map_or(0, |c| c.1);
+    if total == 0 {
+        return f64::NAN;
+    }
+    let rank = (total as f64 * q).ceil() as u64;
+    counts
+        .iter()
+        .find(|c| c.1 >= rank)
+        .map_or(f64::NAN, |c| c.0 * 1e6)
+}
+
+/// Runs `run` against `t`, adding agentrace's own time per request (from its metrics).
+async fn with_own_time(t: &Target, run: impl std::future::Future<Output = RunResult>) -> RunResult {
+    let Some(admin) = t.admin else {
+        return run.await;
+    };
+    let before = overhead_buckets(admin).await;
+    let mut r = run.await;
+    let after = overhead_buckets(admin).await;
+    r.own_p50_us = bucket_quantile_us(&before, &after, 0.50);
+    r.own_p99_us = bucket_quantile_us(&before, &after, 0.99);
+    r
 }
 
 fn wrk_script(dir: &Path) -> PathBuf {
@@ -401,6 +474,8 @@ async fn run_wrk(
         p99_us: f64::NAN,
         errors: 0,
         cpu_us_per_req: f64::NAN,
+        own_p50_us: f64::NAN,
+        own_p99_us: f64::NAN,
     };
     for line in text.lines() {
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -542,6 +617,8 @@ async fn gather(
         p99_us: percentile(&all, 0.99) / 1e3,
         errors,
         cpu_us_per_req: f64::NAN,
+        own_p50_us: f64::NAN,
+        own_p99_us: f64::NAN,
     }
 }
 
@@ -720,6 +797,7 @@ async fn run(args: Args) {
     let mut targets = vec![Target {
         name: "direct".into(),
         addr: backends[0],
+        admin: None,
         _child: None,
     }];
     if wanted("agentrace") {
@@ -805,10 +883,9 @@ async fn run(args: Args) {
     for &rate in &args.rates {
         let duration = args.duration;
         let results = each_target(&targets, args.repeats, |t| {
-            Box::pin(with_cpu(
+            Box::pin(with_own_time(
                 t,
-                duration,
-                run_fixed_rate(t.addr, rate, duration),
+                with_cpu(t, duration, run_fixed_rate(t.addr, rate, duration)),
             ))
         })
         .await;
@@ -830,6 +907,16 @@ async fn run(args: Args) {
                 cpu_cell(rs),
                 rs.iter().map(|r| r.errors).sum::<u64>()
             );
+        }
+        for (t, rs) in targets.iter().zip(&results) {
+            let (own50, own99) = (median(rs, |r| r.own_p50_us), median(rs, |r| r.own_p99_us));
+            if !own50.is_nan() {
+                println!(
+                    "{}'s own time per request (its agentrace_proxy_overhead_seconds buckets): \
+                     p50 <= {own50:.0} µs, p99 <= {own99:.0} µs; the rest of what it adds is the hop",
+                    t.name
+                );
+            }
         }
     }
 
