@@ -8,7 +8,8 @@
 //! delimited responses and keep their connection only when they ask; HEAD responses carry no
 //! body; ambiguous or malformed heads get 400 (oversized ones 431) and a closed connection, and
 //! never reach a backend; chunked, close-delimited, HTTP/1.0 and 1xx-preceded upstream
-//! responses are re-framed for the client, whose connection stays reusable; a truncated
+//! responses are re-framed for the client, whose connection stays reusable, and another
+//! transfer coding gets 502 instead of reaching the client as coded bytes; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
 //! backend closed is replaced on the same backend instead of failing over; `Connection: close`
 //! from the client closes after the response; a client that sends nothing, stalls in a head or
@@ -829,6 +830,29 @@ async fn transfer_encoding_overrides_a_content_length_from_upstream() {
         1,
         "the upstream connection stayed in step"
     );
+}
+
+/// A response whose body carries a transfer coding besides chunked (`gzip, chunked`) is not
+/// passed on as if the coded bytes were the content: the client gets 502 naming the cause.
+#[tokio::test]
+async fn upstream_transfer_codings_other_than_chunked_get_502_not_coded_bytes() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: gzip, chunked\r\n\r\n\
+            5\r\n\x1f\x8b\x08\x00\x00\r\n0\r\n\r\n"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(get("/coded")).await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 502, "{reply:?}");
+    assert!(
+        text(&reply.body).contains("transfer-encoding"),
+        "{:?}",
+        text(&reply.body)
+    );
+    proxy.shutdown().await;
 }
 
 /// A close-delimited upstream response (no length, `Connection: close`) is chunked for an

@@ -360,8 +360,10 @@ fn response_framing(
         .then(|| chunked_last(headers))
         .flatten();
     Ok(match chunked {
-        Some(true) => Framing::Chunked,
-        Some(false) => Framing::UntilClose,
+        Some(true) if codings(headers).count() == 1 => Framing::Chunked,
+        // Under the chunks (gzip, …) or alone: the coding is hop-by-hop and would be lost,
+        // passing coded bytes off as the content.
+        Some(_) => return Err(H1Error::UnsupportedCoding),
         None if !seen.content_length => Framing::UntilClose,
         None => match content_length(headers)? {
             Some(0) => Framing::Empty,
@@ -823,6 +825,16 @@ mod tests {
             "a close-delimited body ends the connection"
         );
         assert!(!parse("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false).keep_alive);
+        for coded in ["gzip", "gzip, chunked", "chunked, chunked"] {
+            let head = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {coded}\r\n\r\n");
+            assert!(
+                matches!(
+                    parse_response(&mut buf(&head), false),
+                    Err(H1Error::UnsupportedCoding)
+                ),
+                "{coded}"
+            );
+        }
     }
 
     #[test]
