@@ -202,7 +202,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     if idle {
                         return Next::Close;
                     }
-                    return self.timed_out(inner, "request head").await;
+                    return self
+                        .refuse(inner, StatusCode::REQUEST_TIMEOUT, "request head not received in time")
+                        .await;
                 }
             };
             if !matches!(read, Ok(n) if n > 0) {
@@ -225,7 +227,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     .await
             }
             Err(BodyError::Closed) => return Next::Close,
-            Err(BodyError::TimedOut) => return self.timed_out(inner, "request body").await,
+            Err(BodyError::TimedOut) => {
+                return self
+                    .refuse(
+                        inner,
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request body not received in time",
+                    )
+                    .await
+            }
         };
         let RequestHead {
             method,
@@ -336,19 +346,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let answer = upstream::refuse(inner, status, "invalid_request_error", message);
         self.respond(answer, false, Version::HTTP_11, false).await;
         self.linger().await;
-        Next::Close
-    }
-
-    /// Answers `408` to a client too slow to send `what`, and closes.
-    async fn timed_out(&mut self, inner: &Inner, what: &str) -> Next {
-        let message = format!("{what} not received in time");
-        let answer = upstream::refuse(
-            inner,
-            StatusCode::REQUEST_TIMEOUT,
-            "invalid_request_error",
-            &message,
-        );
-        self.respond(answer, false, Version::HTTP_11, false).await;
         Next::Close
     }
 
