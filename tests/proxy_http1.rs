@@ -96,6 +96,17 @@ impl Client {
         }
     }
 
+    /// A connection whose receive buffer holds only about `bytes`, so that a client which
+    /// stops reading soon leaves the proxy unable to write.
+    async fn connect_with_receive_buffer(addr: SocketAddr, bytes: u32) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        Self {
+            stream: guarded("connect", socket.connect(addr)).await.unwrap(),
+            buf: Vec::new(),
+        }
+    }
+
     async fn send(&mut self, bytes: impl AsRef<[u8]>) {
         guarded("write", self.stream.write_all(bytes.as_ref()))
             .await
@@ -1111,11 +1122,13 @@ async fn proxy_with_client_limits(
     header_ms: u64,
     body_ms: u64,
     idle_ms: u64,
+    send_ms: u64,
 ) -> TestProxy {
     let mut config = config_for(&[backend]);
     config.client.header_timeout_ms = header_ms;
     config.client.body_timeout_ms = body_ms;
     config.client.idle_timeout_ms = idle_ms;
+    config.client.send_timeout_ms = send_ms;
     start_proxy(config).await
 }
 
@@ -1133,18 +1146,19 @@ async fn assert_closed_once_past(client: &mut Client, since: std::time::Instant,
 #[tokio::test]
 async fn a_connection_that_sends_nothing_is_closed_after_the_header_timeout() {
     let backend = TestBackend::spawn("b").await;
-    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000).await;
+    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000, 60_000).await;
     let opened = std::time::Instant::now();
     let mut client = Client::connect(proxy.addr).await;
     assert_closed_once_past(&mut client, opened, 200).await;
     assert_eq!(backend.hits(), 0);
+    assert_eq!(proxy.client_timeouts("header").await, 1);
     proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_head_that_stalls_gets_408_and_a_closed_connection() {
     let backend = TestBackend::spawn("b").await;
-    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000).await;
+    let proxy = proxy_with_client_limits(&backend, 200, 60_000, 60_000, 60_000).await;
     let mut client = Client::connect(proxy.addr).await;
     // A first request, then half of a second head and nothing more.
     client.send(get("/v1/first")).await;
@@ -1158,13 +1172,15 @@ async fn a_head_that_stalls_gets_408_and_a_closed_connection() {
     assert_eq!(reply.header("connection").as_deref(), Some("close"));
     assert_closed_once_past(&mut client, stalled, 200).await;
     assert_eq!(backend.hits(), 1, "the stalled request reached the backend");
+    assert_eq!(proxy.client_timeouts("header").await, 1);
+    assert_eq!(proxy.client_timeouts("idle").await, 0);
     proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_body_that_stalls_gets_408_and_never_reaches_the_backend() {
     let backend = TestBackend::spawn("b").await;
-    let proxy = proxy_with_client_limits(&backend, 60_000, 200, 60_000).await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 200, 60_000, 60_000).await;
     let mut client = Client::connect(proxy.addr).await;
     let stalled = std::time::Instant::now();
     client
@@ -1177,13 +1193,14 @@ async fn a_body_that_stalls_gets_408_and_never_reaches_the_backend() {
     assert_eq!(reply.status, 408, "{reply:?}");
     assert_closed_once_past(&mut client, stalled, 200).await;
     assert_eq!(backend.hits(), 0);
+    assert_eq!(proxy.client_timeouts("body").await, 1);
     proxy.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let backend = TestBackend::spawn("b").await;
-    let proxy = proxy_with_client_limits(&backend, 60_000, 60_000, 300).await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 60_000, 300, 60_000).await;
     let mut client = Client::connect(proxy.addr).await;
     client.send(get("/v1/one")).await;
     let reply = client.reply().await;
@@ -1191,6 +1208,8 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     assert_ne!(reply.header("connection").as_deref(), Some("close"));
     let idle_from = std::time::Instant::now();
     assert_closed_once_past(&mut client, idle_from, 300).await;
+    assert_eq!(proxy.client_timeouts("idle").await, 1);
+    assert_eq!(proxy.client_timeouts("header").await, 0);
     proxy.shutdown().await;
 }
 
@@ -1200,7 +1219,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
 #[tokio::test]
 async fn a_backend_slower_than_every_client_limit_still_answers() {
     let backend = TestBackend::spawn_with("slow", Mode::Stall).await;
-    let proxy = proxy_with_client_limits(&backend, 100, 100, 100).await;
+    let proxy = proxy_with_client_limits(&backend, 100, 100, 100, 100).await;
     let mut client = Client::connect(proxy.addr).await;
     client.send(get("/v1/slow")).await;
     backend
@@ -1217,5 +1236,121 @@ async fn a_backend_slower_than_every_client_limit_still_answers() {
     backend.set_mode(Mode::Json);
     client.send(get("/v1/next")).await;
     assert_eq!(client.reply().await.status, 200);
+    proxy.shutdown().await;
+}
+
+/// A chunked body without its framing, in one pass (for bodies too long to read chunk by chunk
+/// off the wire in time).
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(raw.len());
+    loop {
+        let line = find(raw, b"\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(text(&raw[..line]).trim(), 16).expect("a chunk size");
+        raw = &raw[line + 2..];
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&raw[..size]);
+        assert_eq!(&raw[size..size + 2], b"\r\n", "chunk not followed by CRLF");
+        raw = &raw[size + 2..];
+    }
+}
+
+/// An endless stream from the backend, as fast as it can write.
+fn endless_sse() -> Mode {
+    Mode::Sse {
+        events: usize::MAX - 1,
+        gated: false,
+        cut_after: None,
+    }
+}
+
+/// A client that stops reading a stream must not hold the backend's generation: once it has
+/// taken nothing for the send timeout, its connection closes and the upstream request is
+/// cancelled.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_and_its_backend_request_cancelled() {
+    let backend = TestBackend::spawn_with("sse", endless_sse()).await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 60_000, 60_000, 300).await;
+    let mut client = Client::connect_with_receive_buffer(proxy.addr, 4096).await;
+    let sent = std::time::Instant::now();
+    client.send(get("/v1/stream")).await;
+    backend
+        .wait_for("the stream to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    assert!(
+        sent.elapsed() >= Duration::from_millis(300),
+        "cancelled {:?} in, before the 300 ms send limit",
+        sent.elapsed()
+    );
+    assert_eq!(proxy.client_timeouts("send").await, 1);
+    // What the proxy had written before is still there to read, then the connection ends.
+    let (status, head) = client.head().await;
+    assert_eq!(status, 200, "{head}");
+    while client.fill().await {}
+    proxy.shutdown().await;
+}
+
+/// The send limit bounds each wait for the client, not the whole response: a client that
+/// keeps pausing, each pause shorter than the limit but all of them together longer, is
+/// served to the end.
+#[tokio::test]
+async fn pauses_shorter_than_the_send_timeout_do_not_cut_a_stream() {
+    // About 13 MB: several times what the sockets between backend and client buffer.
+    const EVENTS: usize = 400_000;
+    const LIMIT_MS: u64 = 400;
+    let backend = TestBackend::spawn_with(
+        "sse",
+        Mode::Sse {
+            events: EVENTS,
+            gated: false,
+            cut_after: None,
+        },
+    )
+    .await;
+    let proxy = proxy_with_client_limits(&backend, 60_000, 60_000, 60_000, LIMIT_MS).await;
+    let mut client = Client::connect_with_receive_buffer(proxy.addr, 4096).await;
+    client.send(get("/v1/stream")).await;
+    let mut held_back = Duration::ZERO;
+    while backend.ctl.events_written.load(Ordering::SeqCst) < EVENTS as u64 {
+        let pause = Duration::from_millis(LIMIT_MS / 2);
+        tokio::time::sleep(pause).await;
+        // The backend is still short of the end: the proxy waited on this client all along.
+        if backend.ctl.events_written.load(Ordering::SeqCst) < EVENTS as u64 {
+            held_back += pause;
+        }
+        let target = client.buf.len() + 1024 * 1024;
+        while client.buf.len() < target {
+            assert!(
+                client.fill().await,
+                "the proxy closed the stream after {held_back:?} of pauses"
+            );
+        }
+    }
+    assert!(
+        held_back >= Duration::from_millis(2 * LIMIT_MS),
+        "the proxy waited on the client for only {held_back:?} in all"
+    );
+    while !client.buf.ends_with(b"\r\n0\r\n\r\n") {
+        assert!(client.fill().await, "EOF before the end of the stream");
+    }
+    let raw = std::mem::take(&mut client.buf);
+    let head_end = find(&raw, b"\r\n\r\n").expect("a response head") + 4;
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200 "),
+        "{}",
+        text(&raw[..head_end])
+    );
+    let body = text(&dechunk(&raw[head_end..]));
+    assert_eq!(body.matches("\"k\":").count(), EVENTS, "events lost");
+    assert!(
+        body.ends_with("data: [DONE]\n\n"),
+        "{}",
+        &body[body.len() - 64..]
+    );
+    assert_eq!(proxy.client_timeouts("send").await, 0);
+    assert_eq!(backend.ctl.cancelled.load(Ordering::SeqCst), 0);
     proxy.shutdown().await;
 }

@@ -8,7 +8,8 @@
 //! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
 //! shutdown lets an open stream finish; h2c works on the plain listener, and an HTTP/2
 //! connection is closed once it has had no open stream for the idle timeout (a stream open
-//! longer than that keeps it); upstream keep-alive
+//! longer than that keeps it), or once its client leaves a stream's data unread for the send
+//! timeout (which cancels the upstream request); upstream keep-alive
 //! connections are reused request after request; `https` backends are reached with the
 //! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles; client connections spread
 //! evenly over the forwarding workers.
@@ -837,6 +838,79 @@ async fn an_http2_connection_closes_after_idling_but_not_while_a_stream_is_open(
         "closed {:?} after the stream ended",
         idle_from.elapsed()
     );
+    assert_eq!(proxy.client_timeouts("idle").await, 1);
+    proxy.shutdown().await;
+}
+
+/// An HTTP/2 client connection to `proxy` whose streams' receive windows hold `window` bytes,
+/// its connection task spawned.
+async fn h2_connect(
+    proxy: &TestProxy,
+    window: u32,
+) -> (
+    hyper::client::conn::http2::SendRequest<
+        http_body_util::combinators::BoxBody<Bytes, std::io::Error>,
+    >,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .initial_stream_window_size(window)
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    (send, tokio::spawn(conn))
+}
+
+fn h2_get(
+    proxy: &TestProxy,
+    path: &str,
+) -> http::Request<http_body_util::combinators::BoxBody<Bytes, std::io::Error>> {
+    use http_body_util::BodyExt;
+    http::Request::get(proxy.url(path))
+        .body(http_body_util::Empty::new().map_err(|e| match e {}).boxed())
+        .unwrap()
+}
+
+/// HTTP/2 has flow control instead of a socket that fills: a client that stops reading a
+/// stream's data must not hold the backend's generation either.
+#[tokio::test]
+async fn an_http2_client_that_stops_reading_is_cut_off_and_its_backend_request_cancelled() {
+    let backend = TestBackend::spawn_with(
+        "sse",
+        Mode::Sse {
+            events: usize::MAX - 1,
+            gated: false,
+            cut_after: None,
+        },
+    )
+    .await;
+    let mut config = config_for(&[&backend]);
+    config.client.send_timeout_ms = 300;
+    let proxy = start_proxy(config).await;
+    let (mut send, conn) = h2_connect(&proxy, 16 * 1024).await;
+    let sent = std::time::Instant::now();
+    let resp = send
+        .send_request(h2_get(&proxy, "/v1/stream"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The body is held and never read.
+    backend
+        .wait_for("the stream to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    assert!(
+        sent.elapsed() >= Duration::from_millis(300),
+        "cancelled {:?} in, before the 300 ms send limit",
+        sent.elapsed()
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(closed.is_ok(), "the client's connection stayed open");
+    assert_eq!(proxy.client_timeouts("send").await, 1);
+    drop(resp);
     proxy.shutdown().await;
 }
 

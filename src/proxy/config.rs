@@ -61,7 +61,8 @@ pub struct TlsConfig {
 }
 
 /// Time limits on the agents' side, so a client that stalls or idles cannot hold a connection
-/// (and its task and buffers) for ever. None applies while a backend works on a request.
+/// (and its task, its buffers and, while a response is under way, a backend) for ever. None
+/// applies while a backend works on a request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientConfig {
@@ -75,6 +76,10 @@ pub struct ClientConfig {
     /// undici) drop idle connections themselves, so the proxy never closes one a client is
     /// about to reuse.
     pub idle_timeout_ms: u64,
+    /// While a response is written, the client must take some of it within this; otherwise the
+    /// connection closes and the upstream request is cancelled, so a client that stops reading
+    /// a stream does not hold a backend's generation.
+    pub send_timeout_ms: u64,
 }
 
 impl Default for ClientConfig {
@@ -83,6 +88,7 @@ impl Default for ClientConfig {
             header_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
             idle_timeout_ms: 75_000,
+            send_timeout_ms: 60_000,
         }
     }
 }
@@ -342,6 +348,7 @@ impl ProxyConfig {
             ("client.header_timeout_ms", self.client.header_timeout_ms),
             ("client.body_timeout_ms", self.client.body_timeout_ms),
             ("client.idle_timeout_ms", self.client.idle_timeout_ms),
+            ("client.send_timeout_ms", self.client.send_timeout_ms),
         ] {
             if value == 0 {
                 return bad(format!("{field}: must be > 0, got 0"));
@@ -610,6 +617,10 @@ mod tests {
             (
                 format!("[client]\nidle_timeout_ms = 0\n{b}"),
                 "client.idle_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nsend_timeout_ms = 0\n{b}"),
+                "client.send_timeout_ms: must be > 0, got 0",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

@@ -2,7 +2,8 @@
 //! request is read whole, handed to [`upstream::forward`], and its response written as the
 //! body arrives. While the backend works, the connection is still read, so a client that
 //! hangs up takes the upstream request down with it. The client's own pace is bounded
-//! (`[client]`): a head, each read of a body, and the idle time between requests.
+//! (`[client]`): a head, each read of a body, the idle time between requests, and each wait
+//! for the client to take more of a response.
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -21,7 +22,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::fields::Fields;
 use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
-use super::pool::write_all_vectored;
+use super::metrics::ClientTimeout;
 use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
 use super::Inner;
 use crate::shutdown::Shutdown;
@@ -38,6 +39,7 @@ pub struct ClientLimits {
     pub header: Duration,
     pub body: Duration,
     pub idle: Duration,
+    pub send: Duration,
 }
 
 impl From<&super::config::ClientConfig> for ClientLimits {
@@ -46,6 +48,7 @@ impl From<&super::config::ClientConfig> for ClientLimits {
             header: Duration::from_millis(c.header_timeout_ms),
             body: Duration::from_millis(c.body_timeout_ms),
             idle: Duration::from_millis(c.idle_timeout_ms),
+            send: Duration::from_millis(c.send_timeout_ms),
         }
     }
 }
@@ -79,6 +82,83 @@ impl Deadline {
     }
 }
 
+/// Runs a write to the client; one the client leaves waiting for `limit` fails as `TimedOut`.
+/// The clock is read only once the write has to wait, so a write that goes straight out
+/// costs no timer.
+async fn within<T>(
+    write: impl Future<Output = std::io::Result<T>>,
+    limit: Duration,
+    deadline: &mut Deadline,
+) -> std::io::Result<T> {
+    let mut write = std::pin::pin!(write);
+    if let Poll::Ready(done) = std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await
+    {
+        return done;
+    }
+    let due = Instant::now() + limit;
+    tokio::select! {
+        biased;
+        done = write => done,
+        () = deadline.reached(due) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+/// Writes and flushes every byte of `bufs`, in as few system calls as the socket allows; the
+/// client must take some of them within `limit` each time the socket is full.
+async fn send_all<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+    limit: Duration,
+    deadline: &mut Deadline,
+) -> std::io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    let mut sent = std::future::poll_fn(|cx| Poll::Ready(poll_send(io, cx, &mut bufs))).await;
+    loop {
+        match sent {
+            Poll::Ready(Ok(true)) => return Ok(()),
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Ready(Ok(false)) | Poll::Pending => {}
+        }
+        // The socket is full: the client has `limit` to take more, counted afresh each time.
+        let due = Instant::now() + limit;
+        sent = tokio::select! {
+            biased;
+            sent = std::future::poll_fn(|cx| match poll_send(io, cx, &mut bufs) {
+                Poll::Pending => Poll::Pending,
+                ready => Poll::Ready(ready),
+            }) => sent,
+            () = deadline.reached(due) => return Err(std::io::ErrorKind::TimedOut.into()),
+        };
+    }
+}
+
+/// Writes what the socket takes now: `Ready(Ok(true))` once all of `bufs` is written and
+/// flushed, `Ready(Ok(false))` if some went out before the socket filled, `Pending` if none.
+fn poll_send<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    cx: &mut std::task::Context<'_>,
+    bufs: &mut &mut [IoSlice<'_>],
+) -> Poll<std::io::Result<bool>> {
+    let mut wrote = false;
+    while !bufs.is_empty() {
+        match Pin::new(&mut *io).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => {
+                IoSlice::advance_slices(bufs, n);
+                wrote = true;
+            }
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending if wrote => return Poll::Ready(Ok(false)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    match Pin::new(&mut *io).poll_flush(cx) {
+        Poll::Ready(result) => Poll::Ready(result.map(|()| true)),
+        Poll::Pending if wrote => Poll::Ready(Ok(false)),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
 /// Serves HTTP/1.1 requests on `io` until the client closes, asks to close, idles past the
 /// idle timeout, or `shutdown` fires while the connection is idle; `buf` holds bytes already
 /// read from it, and `opened` is when the connection was accepted.
@@ -106,7 +186,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         .exchange(&inner, &client, &shutdown, &mut stop, &mut deadline)
         .await
     {}
-    let _ = conn.io.shutdown().await;
+    // A TLS close is a write too: a client that reads nothing must not hold it open.
+    let _ = within(conn.io.shutdown(), limits.send, &mut deadline).await;
 }
 
 enum Next {
@@ -153,9 +234,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    async fn write_out(&mut self) -> std::io::Result<()> {
-        self.io.write_all(&self.out).await?;
-        self.io.flush().await?;
+    async fn write_out(&mut self, deadline: &mut Deadline) -> std::io::Result<()> {
+        let mut out = [IoSlice::new(&self.out)];
+        send_all(&mut self.io, &mut out, self.limits.send, deadline).await?;
         self.out.clear();
         Ok(())
     }
@@ -181,7 +262,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         H1Error::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
                         _ => StatusCode::BAD_REQUEST,
                     };
-                    return self.refuse(inner, status, &e.to_string()).await;
+                    return self.refuse(inner, status, &e.to_string(), deadline).await;
                 }
             }
             let idle = self.buf.is_empty();
@@ -199,11 +280,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 read = self.read_more() => read,
                 () = stop.as_mut(), if idle => return Next::Close,
                 () = deadline.reached(due) => {
+                    let limit = if idle && self.served {
+                        ClientTimeout::Idle
+                    } else {
+                        ClientTimeout::Header
+                    };
+                    inner.metrics.client_timeout(limit);
                     if idle {
                         return Next::Close;
                     }
                     return self
-                        .refuse(inner, StatusCode::REQUEST_TIMEOUT, "request head not received in time")
+                        .refuse(
+                            inner,
+                            StatusCode::REQUEST_TIMEOUT,
+                            "request head not received in time",
+                            deadline,
+                        )
                         .await;
                 }
             };
@@ -217,24 +309,27 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             Ok(body) => body,
             Err(BodyError::TooLarge) => {
                 let answer = upstream::too_large(inner, limit);
-                self.respond(answer, false, head.version, false).await;
-                self.linger().await;
+                self.respond(inner, answer, false, head.version, false, deadline)
+                    .await;
+                self.linger(deadline).await;
                 return Next::Close;
             }
             Err(BodyError::Malformed(e)) => {
                 return self
-                    .refuse(inner, StatusCode::BAD_REQUEST, &e.to_string())
+                    .refuse(inner, StatusCode::BAD_REQUEST, &e.to_string(), deadline)
                     .await
             }
             Err(BodyError::Closed) => return Next::Close,
             Err(BodyError::TimedOut) => {
+                inner.metrics.client_timeout(ClientTimeout::Body);
                 return self
                     .refuse(
                         inner,
                         StatusCode::REQUEST_TIMEOUT,
                         "request body not received in time",
+                        deadline,
                     )
-                    .await
+                    .await;
             }
         };
         let RequestHead {
@@ -263,7 +358,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
         };
         let keep = keep_alive && !shutdown.is_fired();
-        let next = self.respond(response, head_request, version, keep).await;
+        let next = self
+            .respond(inner, response, head_request, version, keep, deadline)
+            .await;
         self.served = true;
         self.idle_since = Instant::now();
         next
@@ -290,7 +387,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let n = n as usize;
                 if self.buf.len() < n {
                     if expects_continue {
-                        self.send_continue().await?;
+                        self.send_continue(deadline).await?;
                     }
                     self.buf.reserve(n - self.buf.len());
                     while self.buf.len() < n {
@@ -301,7 +398,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             }
             Framing::Chunked => {
                 if expects_continue && self.buf.is_empty() {
-                    self.send_continue().await?;
+                    self.send_continue(deadline).await?;
                 }
                 let mut decoder = BodyDecoder::new(Framing::Chunked);
                 let mut body = BytesMut::new();
@@ -332,26 +429,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         }
     }
 
-    async fn send_continue(&mut self) -> Result<(), BodyError> {
+    async fn send_continue(&mut self, deadline: &mut Deadline) -> Result<(), BodyError> {
         const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
-        self.io
-            .write_all(CONTINUE)
+        let limit = self.limits.send;
+        send_all(&mut self.io, &mut [IoSlice::new(CONTINUE)], limit, deadline)
             .await
-            .map_err(|_| BodyError::Closed)?;
-        self.io.flush().await.map_err(|_| BodyError::Closed)
+            .map_err(|_| BodyError::Closed)
     }
 
     /// Answers a request the proxy cannot read, and closes.
-    async fn refuse(&mut self, inner: &Inner, status: StatusCode, message: &str) -> Next {
+    async fn refuse(
+        &mut self,
+        inner: &Inner,
+        status: StatusCode,
+        message: &str,
+        deadline: &mut Deadline,
+    ) -> Next {
         let answer = upstream::refuse(inner, status, "invalid_request_error", message);
-        self.respond(answer, false, Version::HTTP_11, false).await;
-        self.linger().await;
+        self.respond(inner, answer, false, Version::HTTP_11, false, deadline)
+            .await;
+        self.linger(deadline).await;
         Next::Close
     }
 
     /// Ends the sending side and reads for a while what the client still sends.
-    async fn linger(&mut self) {
-        let _ = self.io.shutdown().await;
+    async fn linger(&mut self, deadline: &mut Deadline) {
+        let _ = within(self.io.shutdown(), self.limits.send, deadline).await;
         let _ = tokio::time::timeout(LINGER, async {
             loop {
                 self.buf.clear();
@@ -367,10 +470,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     /// in the same write as what precedes it (the head, a chunk header).
     async fn respond(
         &mut self,
+        inner: &Inner,
         answer: Answer,
         head_request: bool,
         version: Version,
         keep: bool,
+        deadline: &mut Deadline,
     ) -> Next {
         let Answer {
             status,
@@ -403,9 +508,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             keep && version == Version::HTTP_10,
         );
         if bodiless {
-            return match self.write_out().await {
+            return match self.write_out(deadline).await {
                 Ok(()) => next,
-                Err(_) => Next::Close,
+                Err(e) => write_failed(inner, &e),
             };
         }
         loop {
@@ -413,8 +518,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let frame = match ready.await {
                 Poll::Ready(frame) => frame,
                 Poll::Pending => {
-                    if !self.out.is_empty() && self.write_out().await.is_err() {
-                        return Next::Close;
+                    if !self.out.is_empty() {
+                        if let Err(e) = self.write_out(deadline).await {
+                            return write_failed(inner, &e);
+                        }
                     }
                     tokio::select! {
                         biased;
@@ -428,14 +535,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     if framing == OutFraming::Chunked {
                         self.out.extend_from_slice(h1::LAST_CHUNK);
                     }
-                    return match self.write_out().await {
+                    return match self.write_out(deadline).await {
                         Ok(()) => next,
-                        Err(_) => Next::Close,
+                        Err(e) => write_failed(inner, &e),
                     };
                 }
                 // Cut after the head: the client sees the response end short.
                 Some(Err(_)) => {
-                    let _ = self.write_out().await;
+                    if let Err(e) = self.write_out(deadline).await {
+                        return write_failed(inner, &e);
+                    }
                     return Next::Close;
                 }
                 Some(Ok(frame)) => match frame.into_data() {
@@ -455,26 +564,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let written = if data.len() <= COPY_MAX {
                 self.out.extend_from_slice(&data);
                 self.out.extend_from_slice(tail);
-                self.write_out().await
+                self.write_out(deadline).await
             } else {
                 let mut slices = [
                     IoSlice::new(&self.out),
                     IoSlice::new(&data),
                     IoSlice::new(tail),
                 ];
-                let written = write_all_vectored(&mut self.io, &mut slices).await;
+                let limit = self.limits.send;
+                let written = send_all(&mut self.io, &mut slices, limit, deadline).await;
                 self.out.clear();
-                match written {
-                    Ok(()) => self.io.flush().await,
-                    Err(e) => Err(e),
-                }
+                written
             };
-            if written.is_err() {
-                return Next::Close;
+            if let Err(e) = written {
+                return write_failed(inner, &e);
             }
             if end {
                 return next;
             }
         }
     }
+}
+
+/// A response the client could not be given: the connection closes (dropping the upstream body
+/// cancels the backend's request); a client that stopped taking it is counted.
+fn write_failed(inner: &Inner, e: &std::io::Error) -> Next {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        inner.metrics.client_timeout(ClientTimeout::Send);
+        tracing::debug!("client took no response bytes within client.send_timeout_ms; closing");
+    }
+    Next::Close
 }

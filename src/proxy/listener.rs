@@ -20,7 +20,8 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
-use super::ingress::Deadline;
+use super::ingress::{ClientLimits, Deadline};
+use super::metrics::ClientTimeout;
 use super::{ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
@@ -305,7 +306,10 @@ async fn serve_connection(
             let sniffed = tokio::select! {
                 sniffed = sniff_h2(&mut stream, &mut buf) => sniffed,
                 () = shutdown.wait() => return,
-                () = tokio::time::sleep_until(first_bytes_due) => return,
+                () = tokio::time::sleep_until(first_bytes_due) => {
+                    inner.metrics.client_timeout(ClientTimeout::Header);
+                    return;
+                }
             };
             match sniffed {
                 None => return,
@@ -332,6 +336,7 @@ async fn serve_connection(
                     }
                     Err(_) => {
                         tracing::debug!(%peer, "TLS handshake timed out");
+                        inner.metrics.client_timeout(ClientTimeout::Header);
                         return;
                     }
                 };
@@ -349,7 +354,9 @@ async fn serve_connection(
 
 /// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`], until
 /// the client closes it, or it has had no open stream for the idle timeout or `shutdown`
-/// fires (then GOAWAY, and the open streams finish).
+/// fires (then GOAWAY, and the open streams finish). A client that leaves a stream's data
+/// unread for the send timeout has the connection closed under it, which cancels its
+/// upstream requests.
 async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: S,
     inner: Arc<Inner>,
@@ -357,7 +364,8 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     mut shutdown: Shutdown,
     opened: Instant,
 ) -> Result<(), hyper::Error> {
-    let idle = inner.client_limits.idle;
+    let limits = inner.client_limits;
+    let metrics = inner.metrics.clone();
     let streams = Arc::new(OpenStreams::new(opened));
     let service = service_fn({
         let streams = streams.clone();
@@ -365,21 +373,30 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             let (inner, client, open) = (inner.clone(), client.clone(), streams.open());
             async move {
                 let response = upstream::handle(inner, req, client).await;
-                Ok::<_, Infallible>(response.map(|body| Tracked { body, _open: open }))
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, open }))
             }
         }
     });
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut deadline = Deadline::new(opened + idle);
+    let mut deadline = Deadline::new(opened + limits.idle);
     loop {
         tokio::select! {
             done = conn.as_mut() => return done,
             () = shutdown.wait() => break,
-            () = deadline.reached(streams.idle_until(idle)) => {
-                if streams.idle_until(idle) <= Instant::now() {
-                    break;
+            () = deadline.reached(streams.next_check(&limits)) => {
+                match streams.expired(&limits) {
+                    Some(ClientTimeout::Send) => {
+                        metrics.client_timeout(ClientTimeout::Send);
+                        tracing::debug!("HTTP/2 client took no response data within client.send_timeout_ms; closing");
+                        return Ok(());
+                    }
+                    Some(limit) => {
+                        metrics.client_timeout(limit);
+                        break;
+                    }
+                    None => {}
                 }
             }
         }
@@ -388,52 +405,116 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     conn.await
 }
 
-/// The streams open on an HTTP/2 connection, and since when it has had none.
+/// The streams open on an HTTP/2 connection, since when it has had none, and which of them
+/// wait for the client to make room for their data.
 struct OpenStreams {
-    state: parking_lot::Mutex<(usize, Instant)>,
+    state: parking_lot::Mutex<StreamsState>,
+}
+
+struct StreamsState {
+    open: usize,
+    idle_since: Instant,
+    next_id: u64,
+    /// Streams whose last data frame hyper holds until the client opens its flow-control
+    /// window, each with the time it started waiting.
+    waiting: Vec<(u64, Instant)>,
 }
 
 impl OpenStreams {
     fn new(opened: Instant) -> Self {
         Self {
-            state: parking_lot::Mutex::new((0, opened)),
+            state: parking_lot::Mutex::new(StreamsState {
+                open: 0,
+                idle_since: opened,
+                next_id: 0,
+                waiting: Vec::new(),
+            }),
         }
     }
 
     fn open(self: &Arc<Self>) -> StreamOpen {
-        self.state.lock().0 += 1;
-        StreamOpen(self.clone())
+        let mut state = self.state.lock();
+        state.open += 1;
+        state.next_id += 1;
+        StreamOpen {
+            streams: self.clone(),
+            id: state.next_id,
+            waiting: false,
+        }
     }
 
-    /// When the connection will have idled for `idle`; with a stream open, `idle` from now
-    /// (checked again then).
-    fn idle_until(&self, idle: Duration) -> Instant {
-        let (open, since) = *self.state.lock();
-        if open > 0 {
-            Instant::now() + idle
+    /// When to look again: when the connection will have idled for the idle limit (with a
+    /// stream open, an idle limit from now), and at least every half send limit, so a stall
+    /// is found between one and one and a half send limits after it began.
+    fn next_check(&self, limits: &ClientLimits) -> Instant {
+        let state = self.state.lock();
+        let now = Instant::now();
+        let idle_end = if state.open > 0 {
+            now + limits.idle
         } else {
-            since + idle
+            state.idle_since + limits.idle
+        };
+        idle_end.min(now + limits.send / 2)
+    }
+
+    /// The limit the connection has run past, if any.
+    fn expired(&self, limits: &ClientLimits) -> Option<ClientTimeout> {
+        let state = self.state.lock();
+        let now = Instant::now();
+        if state
+            .waiting
+            .iter()
+            .any(|&(_, since)| since + limits.send <= now)
+        {
+            Some(ClientTimeout::Send)
+        } else if state.open == 0 && state.idle_since + limits.idle <= now {
+            Some(ClientTimeout::Idle)
+        } else {
+            None
         }
     }
 }
 
 /// One open stream: counted from its request until its response body ends or is dropped.
-struct StreamOpen(Arc<OpenStreams>);
+struct StreamOpen {
+    streams: Arc<OpenStreams>,
+    id: u64,
+    waiting: bool,
+}
 
-impl Drop for StreamOpen {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock();
-        state.0 -= 1;
-        if state.0 == 0 {
-            state.1 = Instant::now();
+impl StreamOpen {
+    /// Marks the stream as waiting for the client to take its data, or not.
+    fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting == waiting {
+            return;
+        }
+        self.waiting = waiting;
+        let mut state = self.streams.state.lock();
+        if waiting {
+            state.waiting.push((self.id, Instant::now()));
+        } else {
+            state.waiting.retain(|&(id, _)| id != self.id);
         }
     }
 }
 
-/// A response body that keeps its stream counted open while it is sent.
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.set_waiting(false);
+        let mut state = self.streams.state.lock();
+        state.open -= 1;
+        if state.open == 0 {
+            state.idle_since = Instant::now();
+        }
+    }
+}
+
+/// A response body that keeps its stream counted open while it is sent. hyper polls it for
+/// the next frame only once the client has room for more, so a frame handed over and not
+/// followed by a poll is data the client has not taken.
 struct Tracked<B> {
     body: B,
-    _open: StreamOpen,
+    open: StreamOpen,
 }
 
 impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
@@ -444,7 +525,15 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        let this = &mut *self;
+        this.open.set_waiting(false);
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if frame.is_data() && !this.body.is_end_stream() {
+                this.open.set_waiting(true);
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -53,6 +53,38 @@ impl ErrorKind {
     }
 }
 
+/// Which client-side limit (`[client]`) closed a connection (the `limit` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientTimeout {
+    /// A head (or a new connection's first bytes) did not arrive in time.
+    Header,
+    /// A request body stopped arriving.
+    Body,
+    /// A keep-alive connection idled.
+    Idle,
+    /// The client stopped taking a response.
+    Send,
+}
+
+const CLIENT_TIMEOUTS: [ClientTimeout; 4] = [
+    ClientTimeout::Header,
+    ClientTimeout::Body,
+    ClientTimeout::Idle,
+    ClientTimeout::Send,
+];
+
+impl ClientTimeout {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientTimeout::Header => "header",
+            ClientTimeout::Body => "body",
+            ClientTimeout::Idle => "idle",
+            ClientTimeout::Send => "send",
+        }
+    }
+}
+
 const SOURCES: [KeySource; 3] = [KeySource::Header, KeySource::Fingerprint, KeySource::None];
 const OUTCOMES: [Outcome; 6] = [
     Outcome::Hash,
@@ -88,6 +120,7 @@ pub struct ProxyMetrics {
     sessions: Gauge,
     reloads_ok: Counter,
     reloads_failed: Counter,
+    client_timeouts: Arc<Vec<Counter>>,
 }
 
 /// Metric handles of one backend.
@@ -173,6 +206,18 @@ impl ProxyMetrics {
             )
         };
         let (reloads_ok, reloads_failed) = (reload("ok"), reload("refused"));
+        let client_timeouts = CLIENT_TIMEOUTS
+            .iter()
+            .map(|t| {
+                r.register_counter(
+                    &key(
+                        "agentrace_client_timeouts_total",
+                        vec![Label::new("limit", t.as_str())],
+                    ),
+                    &META,
+                )
+            })
+            .collect();
         Self {
             handle,
             decisions: Arc::new(decisions),
@@ -183,6 +228,7 @@ impl ProxyMetrics {
             sessions,
             reloads_ok,
             reloads_failed,
+            client_timeouts: Arc::new(client_timeouts),
             recorder: Arc::new(recorder),
         }
     }
@@ -251,6 +297,15 @@ impl ProxyMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// Counts a client connection closed by one of the `[client]` limits.
+    pub fn client_timeout(&self, limit: ClientTimeout) {
+        let i = CLIENT_TIMEOUTS
+            .iter()
+            .position(|t| *t == limit)
+            .unwrap_or(0);
+        self.client_timeouts[i].increment(1);
     }
 
     /// Counts a configuration reload attempt.
@@ -361,6 +416,11 @@ fn describe(r: &PrometheusRecorder) {
         "agentrace_upstream_ttfb_seconds",
         "Request sent upstream to first response body byte, per backend.",
         2,
+    );
+    d(
+        "agentrace_client_timeouts_total",
+        "Client connections closed by a [client] limit (header, body, idle, send).",
+        0,
     );
     d("agentrace_in_flight", "Requests in flight per backend.", 1);
     d(

@@ -409,6 +409,18 @@ impl TestProxy {
         String::from_utf8(body.to_vec()).unwrap()
     }
 
+    /// Client connections closed so far by the `[client]` limit `limit` (header, body, idle,
+    /// send), from /metrics.
+    pub async fn client_timeouts(&self, limit: &str) -> u64 {
+        let metrics = self.metrics().await;
+        let series = format!("agentrace_client_timeouts_total{{limit=\"{limit}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
+    }
+
     pub fn handle(&self) -> &ProxyHandle {
         self.handle.as_ref().unwrap()
     }
