@@ -9,7 +9,8 @@
 //! shutdown lets an open stream finish; h2c works on the plain listener, and an HTTP/2
 //! connection is closed once it has had no open stream for the idle timeout (a stream open
 //! longer than that keeps it), or once its client leaves a stream's data unread for the send
-//! timeout (which cancels the upstream request); upstream keep-alive
+//! timeout (which cancels the upstream request), and a stalled HTTP/2 request body gets 408;
+//! upstream keep-alive
 //! connections are reused request after request; `https` backends are reached with the
 //! configured CA file over HTTP/2 or HTTP/1.1, as ALPN settles; client connections spread
 //! evenly over the forwarding workers.
@@ -911,6 +912,46 @@ async fn an_http2_client_that_stops_reading_is_cut_off_and_its_backend_request_c
     assert!(closed.is_ok(), "the client's connection stayed open");
     assert_eq!(proxy.client_timeouts("send").await, 1);
     drop(resp);
+    proxy.shutdown().await;
+}
+
+/// The body limit holds on HTTP/2 too: a request body that stops arriving is answered 408 and
+/// never reaches a backend.
+#[tokio::test]
+async fn an_http2_request_body_that_stalls_gets_408() {
+    use http_body_util::BodyExt;
+    let backend = TestBackend::spawn("b").await;
+    let mut config = config_for(&[&backend]);
+    config.client.body_timeout_ms = 200;
+    let proxy = start_proxy(config).await;
+    let (mut send, _conn) = h2_connect(&proxy, 65_535).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(1);
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(
+        b"{\"model\":",
+    ))))
+    .await
+    .unwrap();
+    let body = http_body_util::StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async {
+        rx.recv().await.map(|f| (f, rx))
+    }));
+    let req = http::Request::post(proxy.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(body.boxed())
+        .unwrap();
+    let stalled = std::time::Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("no answer to a stalled body")
+        .unwrap();
+    assert_eq!(resp.status(), 408);
+    assert!(
+        stalled.elapsed() >= Duration::from_millis(200),
+        "answered {:?} in, before the 200 ms body limit",
+        stalled.elapsed()
+    );
+    assert_eq!(backend.hits(), 0);
+    assert_eq!(proxy.client_timeouts("body").await, 1);
+    drop(tx);
     proxy.shutdown().await;
 }
 

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::fields::{self, Fields, Forwarded, WireFields};
 use super::health;
-use super::metrics::{BackendMetrics, ErrorKind};
+use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
@@ -315,17 +315,43 @@ async fn read_and_forward(
     if declared.is_some_and(|n| n > limit) {
         return too_large(&inner, limit);
     }
-    let body = match Limited::new(body, limit as usize).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(&inner, limit),
-        Err(e) => {
-            return refuse(
-                &inner,
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &format!("could not read the request body: {e}"),
-            )
+    // Frame by frame, so that a body that stops arriving is refused like an HTTP/1.1 one.
+    let mut body = Limited::new(body, limit as usize);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        match tokio::time::timeout(inner.client_limits.body, body.frame()).await {
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    chunks.push(data);
+                }
+            }
+            Ok(Some(Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
+                return too_large(&inner, limit)
+            }
+            Ok(Some(Err(e))) => {
+                return refuse(
+                    &inner,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    &format!("could not read the request body: {e}"),
+                )
+            }
+            Err(_) => {
+                inner.metrics.client_timeout(ClientTimeout::Body);
+                return refuse(
+                    &inner,
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    "request body not received in time",
+                );
+            }
         }
+    }
+    let body = match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => Bytes::from(chunks.concat()),
     };
     let req = ClientRequest {
         headers: WireFields::from_map(&parts.headers),
