@@ -45,6 +45,15 @@ pub enum Mode {
     Stall,
 }
 
+/// An endless SSE stream, written as fast as the client side takes it.
+pub fn endless_sse() -> Mode {
+    Mode::Sse {
+        events: usize::MAX - 1,
+        gated: false,
+        cut_after: None,
+    }
+}
+
 /// Shared state of a test backend, read and steered by the test.
 pub struct Control {
     pub name: String,
@@ -234,6 +243,20 @@ impl TestBackend {
                 panic!("backend {}: timed out waiting for {what}", self.ctl.name);
             }
         }
+    }
+
+    /// Waits until exactly one stream has been abandoned by the client side, and checks that
+    /// this came no earlier than `limit_ms` after `since`.
+    pub async fn assert_cancelled_once_past(&self, since: std::time::Instant, limit_ms: u64) {
+        self.wait_for("the stream to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        assert!(
+            since.elapsed() >= Duration::from_millis(limit_ms),
+            "cancelled {:?} in, before the {limit_ms} ms limit",
+            since.elapsed()
+        );
     }
 
     /// Stops accepting and closes every connection.
