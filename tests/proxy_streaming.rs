@@ -6,8 +6,8 @@
 //! client that goes away cancels the upstream request; failing probes eject a backend and
 //! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
 //! bodies above the limit get 413; hop-by-hop headers are dropped and X-Forwarded-For added;
-//! shutdown lets an open stream finish; h2c works on the plain listener, and an HTTP/2
-//! connection is closed once it has had no open stream for the idle timeout (a stream open
+//! shutdown lets an open stream finish, but not one whose HTTP/2 client stopped reading it;
+//! h2c works on the plain listener, and an HTTP/2 connection is closed once it has had no open stream for the idle timeout (a stream open
 //! longer than that keeps it), or once its client leaves a stream's data unread for the send
 //! timeout (which cancels the upstream request), and a stalled HTTP/2 request body gets 408;
 //! upstream keep-alive
@@ -896,6 +896,38 @@ async fn an_http2_client_that_stops_reading_is_cut_off_and_its_backend_request_c
     assert_eq!(proxy.client_timeouts("send").await, 1);
     drop(resp);
     proxy.shutdown().await;
+}
+
+/// Shutdown lets open streams finish, but a stream its client does not read is not one that
+/// finishes: it is cut off at the send limit, not at the end of the grace period.
+#[tokio::test]
+async fn shutdown_does_not_wait_for_an_http2_stream_its_client_does_not_read() {
+    let backend = TestBackend::spawn_with("sse", endless_sse()).await;
+    let mut config = config_for(&[&backend]);
+    config.client.send_timeout_ms = 300;
+    config.shutdown_grace_secs = 60;
+    let proxy = start_proxy(config).await;
+    let (mut send, _conn) = h2_connect(&proxy, 16 * 1024).await;
+    let resp = send
+        .send_request(h2_get(&proxy, "/v1/stream"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let asked = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), proxy.shutdown())
+        .await
+        .expect("shutdown waited on a stream nobody reads");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(300),
+        "shut down {:?} in, before the 300 ms send limit",
+        asked.elapsed()
+    );
+    backend
+        .wait_for("the stream to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+    drop(resp);
 }
 
 /// The body limit holds on HTTP/2 too: a request body that stops arriving is answered 408 and

@@ -355,8 +355,8 @@ async fn serve_connection(
 /// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`], until
 /// the client closes it, or it has had no open stream for the idle timeout or `shutdown`
 /// fires (then GOAWAY, and the open streams finish). A client that leaves a stream's data
-/// unread for the send timeout has the connection closed under it, which cancels its
-/// upstream requests.
+/// unread for the send timeout, before or after GOAWAY, has the connection closed under it,
+/// which cancels its upstream requests.
 async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: S,
     inner: Arc<Inner>,
@@ -381,10 +381,15 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut deadline = Deadline::new(opened + limits.idle);
+    // After GOAWAY the open streams finish, still within the send limit.
+    let mut closing = false;
     loop {
         tokio::select! {
             done = conn.as_mut() => return done,
-            () = shutdown.wait() => break,
+            () = shutdown.wait(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
             () = deadline.reached(streams.next_check(&limits)) => {
                 match streams.expired(&limits) {
                     Some(ClientTimeout::Send) => {
@@ -392,17 +397,16 @@ async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                         tracing::debug!("HTTP/2 client took no response data within client.send_timeout_ms; closing");
                         return Ok(());
                     }
-                    Some(limit) => {
+                    Some(limit) if !closing => {
                         metrics.client_timeout(limit);
-                        break;
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
                     }
-                    None => {}
+                    _ => {}
                 }
             }
         }
     }
-    conn.as_mut().graceful_shutdown();
-    conn.await
 }
 
 /// The streams open on an HTTP/2 connection, since when it has had none, and which of them
