@@ -112,23 +112,12 @@ async fn send_all<W: AsyncWrite + Unpin>(
     deadline: &mut Deadline,
 ) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
-    let mut sent = std::future::poll_fn(|cx| Poll::Ready(poll_send(io, cx, &mut bufs))).await;
+    // A write that makes progress ends the wait, so the client's `limit` starts afresh.
     loop {
-        match sent {
-            Poll::Ready(Ok(true)) => return Ok(()),
-            Poll::Ready(Err(e)) => return Err(e),
-            Poll::Ready(Ok(false)) | Poll::Pending => {}
+        let sent = std::future::poll_fn(|cx| poll_send(io, cx, &mut bufs));
+        if within(sent, limit, deadline).await? {
+            return Ok(());
         }
-        // The socket is full: the client has `limit` to take more, counted afresh each time.
-        let due = Instant::now() + limit;
-        sent = tokio::select! {
-            biased;
-            sent = std::future::poll_fn(|cx| match poll_send(io, cx, &mut bufs) {
-                Poll::Pending => Poll::Pending,
-                ready => Poll::Ready(ready),
-            }) => sent,
-            () = deadline.reached(due) => return Err(std::io::ErrorKind::TimedOut.into()),
-        };
     }
 }
 
