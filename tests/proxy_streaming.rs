@@ -377,6 +377,69 @@ async fn connect_errors_eject_passively() {
     proxy.shutdown().await;
 }
 
+/// Without probes, a run of 5xx ejects a backend; it takes requests again once `ejection_ms`
+/// has passed since the ejection, and not before.
+#[tokio::test]
+async fn without_probes_an_ejected_backend_returns_after_the_ejection_period() {
+    let a = TestBackend::spawn_with("a", Mode::Status(503)).await;
+    let b = TestBackend::spawn("b").await;
+    let mut config = config_for(&[&a, &b]);
+    config.health.interval_ms = 0;
+    config.health.eject_after_5xx = 2;
+    config.health.ejection_ms = 1_500;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let get = |key: String| {
+        let client = client.clone();
+        let url = proxy.url("/v1/models");
+        async move { fetch(&client, "GET", &url, &[("x-session-id", &key)], "").await }
+    };
+    let mut before_ejection = None;
+    for i in 0.. {
+        assert!(i < 200, "keys never reached backend a twice");
+        if a.hits() == 1 {
+            before_ejection = Some(std::time::Instant::now());
+        }
+        let (status, h, _) = get(format!("s{i}")).await;
+        if served_by(&h) == "a" {
+            assert_eq!(status, 503);
+            if a.hits() == 2 {
+                break;
+            }
+        }
+    }
+    let before_ejection = before_ejection.unwrap();
+    assert_eq!(
+        backend_state(&client, &proxy, "a").await["healthy"],
+        false,
+        "two 5xx in a row eject the backend without probes"
+    );
+    for i in 1000..1020 {
+        let (status, h, _) = get(format!("s{i}")).await;
+        assert_eq!((status.as_u16(), served_by(&h).as_str()), (200, "b"));
+    }
+    assert_eq!(a.hits(), 2, "an ejected backend gets no requests");
+
+    a.set_mode(Mode::Json);
+    wait_health(&client, &proxy, "a", true).await;
+    let out_for = before_ejection.elapsed();
+    assert!(
+        out_for >= Duration::from_millis(1_500),
+        "back after {out_for:?}, before the ejection period ended"
+    );
+    let mut served_a = false;
+    for i in 2000..2030 {
+        let (status, h, _) = get(format!("s{i}")).await;
+        assert_eq!(status, 200);
+        served_a |= served_by(&h) == "a";
+    }
+    assert!(
+        served_a,
+        "new sessions reach the backend after its ejection period"
+    );
+    proxy.shutdown().await;
+}
+
 #[derive(Default)]
 struct Calls {
     starts: Vec<ExchangeStart>,

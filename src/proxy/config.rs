@@ -163,7 +163,7 @@ pub struct AffinityConfig {
 pub struct HealthConfig {
     /// Path probed with `GET` on every backend; any 2xx is healthy.
     pub path: String,
-    /// Time between probes of one backend; 0 turns active checks (and passive ejection) off.
+    /// Time between probes of one backend; 0 turns active checks off.
     pub interval_ms: u64,
     /// A probe slower than this fails.
     pub timeout_ms: u64,
@@ -171,8 +171,11 @@ pub struct HealthConfig {
     pub unhealthy_threshold: u32,
     /// Consecutive good probes before an unhealthy backend takes traffic again.
     pub healthy_threshold: u32,
-    /// Consecutive 5xx responses that eject a backend until probes bring it back (0: never).
+    /// Consecutive 5xx responses that eject a backend (0: never).
     pub eject_after_5xx: u32,
+    /// With active checks off, how long an ejected backend stays out; then it takes requests
+    /// again. With them on, only good probes bring it back.
+    pub ejection_ms: u64,
 }
 
 /// One inference server.
@@ -293,6 +296,7 @@ impl Default for HealthConfig {
             unhealthy_threshold: 3,
             healthy_threshold: 2,
             eject_after_5xx: 5,
+            ejection_ms: 10_000,
         }
     }
 }
@@ -457,6 +461,9 @@ impl ProxyConfig {
         }
         if h.healthy_threshold == 0 {
             return bad("health.healthy_threshold: must be >= 1, got 0".into());
+        }
+        if h.ejection_ms == 0 {
+            return bad("health.ejection_ms: must be > 0, got 0".into());
         }
         Ok(())
     }
@@ -673,6 +680,10 @@ mod tests {
             (
                 format!("[health]\nhealthy_threshold = 0\n{b}"),
                 "health.healthy_threshold: must be >= 1, got 0",
+            ),
+            (
+                format!("[health]\nejection_ms = 0\n{b}"),
+                "health.ejection_ms: must be > 0, got 0",
             ),
             (
                 String::new(),

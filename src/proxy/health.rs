@@ -1,12 +1,13 @@
 //! Health: active probes with hysteresis, and passive ejection from what the data path sees.
 //!
 //! A backend leaves the pool after `unhealthy_threshold` failed probes in a row, or at once on a
-//! connect error, or after `eject_after_5xx` consecutive 5xx responses; it comes back only after
-//! `healthy_threshold` good probes in a row. In-flight counters are never touched here.
+//! connect error, or after `eject_after_5xx` consecutive 5xx responses. With probes on it comes
+//! back only after `healthy_threshold` good probes in a row; with them off, after `ejection_ms`.
+//! In-flight counters are never touched here.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
@@ -25,8 +26,13 @@ pub async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
         let pool = inner.router.pool();
         let cfg = pool.health.clone();
         if cfg.interval_ms == 0 {
-            // Active checks off; look again later in case a reload turns them on.
-            next += Duration::from_secs(1);
+            // No probes: time brings ejected backends back. Look again within one ejection
+            // period (an ejection may come meanwhile) and at least each second, in case a
+            // reload turns probes on.
+            let now = Instant::now();
+            let step = Duration::from_millis(cfg.ejection_ms).min(Duration::from_secs(1));
+            let due = readmit_ejected(&pool.backends, &cfg, now);
+            next = due.map_or(now + step, |due| due.min(now + step)).into();
         } else {
             let client = inner.client.read().clone();
             let probes = pool
@@ -85,6 +91,7 @@ pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &Health
             if !backend.healthy.load(Ordering::Relaxed)
                 && c.probe_successes >= cfg.healthy_threshold
             {
+                c.out_since = None;
                 backend.consecutive_5xx.store(0, Ordering::Relaxed);
                 backend.healthy.store(true, Ordering::Relaxed);
                 tracing::info!(backend = %backend.name, "backend healthy again");
@@ -96,6 +103,7 @@ pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &Health
             if backend.healthy.load(Ordering::Relaxed)
                 && c.probe_failures >= cfg.unhealthy_threshold
             {
+                c.out_since = Some(Instant::now());
                 backend.healthy.store(false, Ordering::Relaxed);
                 tracing::warn!(backend = %backend.name, reason = %why, failures = c.probe_failures, "backend unhealthy: health checks failed");
             }
@@ -103,19 +111,47 @@ pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &Health
     }
 }
 
-/// Passive ejection works only with active checks on, since only probes bring a backend back.
+/// With probes off, returns each backend that has been out for `ejection_ms` to the pool, and
+/// gives the earliest time another one is due. A backend found out with no start time (probes
+/// took it out before a reload turned them off) starts its period now, so none stays out for
+/// ever.
+pub fn readmit_ejected(
+    backends: &[Arc<Backend>],
+    cfg: &HealthConfig,
+    now: Instant,
+) -> Option<Instant> {
+    let period = Duration::from_millis(cfg.ejection_ms);
+    let mut next: Option<Instant> = None;
+    for backend in backends {
+        if backend.healthy.load(Ordering::Relaxed) {
+            continue;
+        }
+        let mut c = backend.health.lock();
+        let due = *c.out_since.get_or_insert(now) + period;
+        if due <= now {
+            c.out_since = None;
+            c.probe_failures = 0;
+            backend.consecutive_5xx.store(0, Ordering::Relaxed);
+            backend.healthy.store(true, Ordering::Relaxed);
+            tracing::info!(backend = %backend.name, ejection_ms = cfg.ejection_ms, "backend takes requests again after its ejection period");
+        } else {
+            next = Some(next.map_or(due, |n| n.min(due)));
+        }
+    }
+    next
+}
+
 fn eject(backend: &Backend, why: &str) {
     if backend.healthy.swap(false, Ordering::Relaxed) {
-        backend.health.lock().probe_successes = 0;
+        let mut c = backend.health.lock();
+        c.probe_successes = 0;
+        c.out_since = Some(Instant::now());
         tracing::warn!(backend = %backend.name, reason = why, "backend ejected");
     }
 }
 
 /// A request to the backend failed before any response.
 pub fn on_error(backend: &Backend, kind: ErrorKind, cfg: &HealthConfig) {
-    if cfg.interval_ms == 0 {
-        return;
-    }
     match kind {
         ErrorKind::Connect => eject(backend, "connect error"),
         _ => on_failure_status(backend, cfg, "request failed"),
@@ -125,9 +161,7 @@ pub fn on_error(backend: &Backend, kind: ErrorKind, cfg: &HealthConfig) {
 /// A response head arrived: 5xx in a row eject, anything else resets the count.
 pub fn on_response(backend: &Backend, status: StatusCode, cfg: &HealthConfig) {
     if status.is_server_error() {
-        if cfg.interval_ms > 0 {
-            on_failure_status(backend, cfg, "consecutive 5xx responses");
-        }
+        on_failure_status(backend, cfg, "consecutive 5xx responses");
     } else if backend.consecutive_5xx.load(Ordering::Relaxed) != 0 {
         backend.consecutive_5xx.store(0, Ordering::Relaxed);
     }
@@ -139,5 +173,114 @@ fn on_failure_status(backend: &Backend, cfg: &HealthConfig, why: &str) {
     }
     if backend.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1 >= cfg.eject_after_5xx {
         eject(backend, why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::config::BackendUrl;
+    use crate::proxy::metrics::ProxyMetrics;
+
+    fn backends(names: &[&str]) -> Vec<Arc<Backend>> {
+        let metrics = ProxyMetrics::new();
+        names
+            .iter()
+            .map(|n| {
+                let url = BackendUrl::parse("http://127.0.0.1:1").unwrap();
+                Arc::new(Backend::new(n, url, 1.0, metrics.backend(n)))
+            })
+            .collect()
+    }
+
+    fn without_probes(ejection_ms: u64) -> HealthConfig {
+        HealthConfig {
+            interval_ms: 0,
+            ejection_ms,
+            ..HealthConfig::default()
+        }
+    }
+
+    fn healthy(b: &Backend) -> bool {
+        b.healthy.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn without_probes_an_ejected_backend_returns_after_the_ejection_period_and_not_before() {
+        let cfg = without_probes(1_000);
+        let pool = backends(&["a", "b"]);
+        on_error(&pool[0], ErrorKind::Connect, &cfg);
+        assert!(!healthy(&pool[0]), "a connect error ejects without probes");
+        let out_since = pool[0].health.lock().out_since.unwrap();
+        let period = Duration::from_millis(1_000);
+
+        let almost = out_since + period - Duration::from_millis(1);
+        assert_eq!(
+            readmit_ejected(&pool, &cfg, almost),
+            Some(out_since + period)
+        );
+        assert!(!healthy(&pool[0]), "still out 1 ms before the period ends");
+
+        assert_eq!(readmit_ejected(&pool, &cfg, out_since + period), None);
+        assert!(healthy(&pool[0]) && healthy(&pool[1]));
+        assert_eq!(pool[0].health.lock().out_since, None);
+    }
+
+    #[test]
+    fn a_readmitted_backend_needs_the_full_5xx_run_again_to_be_ejected() {
+        let cfg = HealthConfig {
+            eject_after_5xx: 2,
+            ..without_probes(10)
+        };
+        let pool = backends(&["a"]);
+        for _ in 0..2 {
+            on_response(&pool[0], StatusCode::SERVICE_UNAVAILABLE, &cfg);
+        }
+        assert!(!healthy(&pool[0]), "two 5xx in a row eject");
+        let out_since = pool[0].health.lock().out_since.unwrap();
+        readmit_ejected(&pool, &cfg, out_since + Duration::from_millis(10));
+        assert!(healthy(&pool[0]));
+        on_response(&pool[0], StatusCode::SERVICE_UNAVAILABLE, &cfg);
+        assert!(
+            healthy(&pool[0]),
+            "one 5xx after coming back is not a run of two"
+        );
+    }
+
+    #[test]
+    fn a_backend_probes_took_out_before_probes_were_turned_off_still_comes_back() {
+        let probing = HealthConfig {
+            interval_ms: 1_000,
+            unhealthy_threshold: 1,
+            ..HealthConfig::default()
+        };
+        let pool = backends(&["a"]);
+        record_probe(&pool[0], Err("status 503".into()), &probing);
+        assert!(!healthy(&pool[0]));
+        pool[0].health.lock().out_since = None;
+
+        let cfg = without_probes(500);
+        let seen = Instant::now();
+        let due = seen + Duration::from_millis(500);
+        assert_eq!(readmit_ejected(&pool, &cfg, seen), Some(due));
+        readmit_ejected(&pool, &cfg, due);
+        assert!(healthy(&pool[0]));
+    }
+
+    #[test]
+    fn with_probes_on_only_good_probes_in_a_row_bring_a_backend_back() {
+        let probing = HealthConfig {
+            interval_ms: 1_000,
+            healthy_threshold: 2,
+            ..HealthConfig::default()
+        };
+        let pool = backends(&["a"]);
+        on_error(&pool[0], ErrorKind::Connect, &probing);
+        assert!(!healthy(&pool[0]));
+        record_probe(&pool[0], Ok(()), &probing);
+        assert!(!healthy(&pool[0]), "one good probe is not enough");
+        record_probe(&pool[0], Ok(()), &probing);
+        assert!(healthy(&pool[0]));
+        assert_eq!(pool[0].health.lock().out_since, None);
     }
 }

@@ -208,6 +208,8 @@ pub struct HealthCounters {
     pub probe_failures: u32,
     /// Good probes in a row.
     pub probe_successes: u32,
+    /// When the backend was last taken out (None while healthy, or until the checker sees it).
+    pub out_since: Option<std::time::Instant>,
 }
 
 impl Backend {
