@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::config::HealthConfig;
 use super::metrics::ErrorKind;
-use super::routing::Backend;
+use super::routing::{Backend, HealthCounters};
 use super::Inner;
 use crate::shutdown::Shutdown;
 
@@ -91,9 +91,7 @@ pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &Health
             if !backend.healthy.load(Ordering::Relaxed)
                 && c.probe_successes >= cfg.healthy_threshold
             {
-                c.out_since = None;
-                backend.consecutive_5xx.store(0, Ordering::Relaxed);
-                backend.healthy.store(true, Ordering::Relaxed);
+                bring_back(backend, &mut c);
                 tracing::info!(backend = %backend.name, "backend healthy again");
             }
         }
@@ -103,23 +101,33 @@ pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &Health
             if backend.healthy.load(Ordering::Relaxed)
                 && c.probe_failures >= cfg.unhealthy_threshold
             {
-                c.out_since = Some(Instant::now());
-                backend.healthy.store(false, Ordering::Relaxed);
+                take_out(backend, &mut c);
                 tracing::warn!(backend = %backend.name, reason = %why, failures = c.probe_failures, "backend unhealthy: health checks failed");
             }
         }
     }
 }
 
+/// `take_out` and `bring_back` are the only writers of `healthy`, each under the backend's health
+/// lock, so a backend that is out always has the time it went out.
+fn take_out(backend: &Backend, c: &mut HealthCounters) {
+    c.probe_successes = 0;
+    c.out_since = Some(Instant::now());
+    backend.healthy.store(false, Ordering::Relaxed);
+}
+
+/// Returns a backend to the pool with a clean slate: no 5xx run, no failed probes.
+fn bring_back(backend: &Backend, c: &mut HealthCounters) {
+    c.out_since = None;
+    c.probe_failures = 0;
+    backend.consecutive_5xx.store(0, Ordering::Relaxed);
+    backend.healthy.store(true, Ordering::Relaxed);
+}
+
 /// With probes off, returns each backend that has been out for `ejection_ms` to the pool, and
-/// gives the earliest time another one is due. A backend found out with no start time (probes
-/// took it out before a reload turned them off) starts its period now, so none stays out for
-/// ever.
-pub fn readmit_ejected(
-    backends: &[Arc<Backend>],
-    cfg: &HealthConfig,
-    now: Instant,
-) -> Option<Instant> {
+/// gives the earliest time another one is due. The period counts from when the backend went
+/// out, also when probes took it out before a reload turned them off.
+fn readmit_ejected(backends: &[Arc<Backend>], cfg: &HealthConfig, now: Instant) -> Option<Instant> {
     let period = Duration::from_millis(cfg.ejection_ms);
     let mut next: Option<Instant> = None;
     for backend in backends {
@@ -127,12 +135,10 @@ pub fn readmit_ejected(
             continue;
         }
         let mut c = backend.health.lock();
+        // A backend marked out some other way starts its period now, so none stays out for ever.
         let due = *c.out_since.get_or_insert(now) + period;
         if due <= now {
-            c.out_since = None;
-            c.probe_failures = 0;
-            backend.consecutive_5xx.store(0, Ordering::Relaxed);
-            backend.healthy.store(true, Ordering::Relaxed);
+            bring_back(backend, &mut c);
             tracing::info!(backend = %backend.name, ejection_ms = cfg.ejection_ms, "backend takes requests again after its ejection period");
         } else {
             next = Some(next.map_or(due, |n| n.min(due)));
@@ -142,10 +148,9 @@ pub fn readmit_ejected(
 }
 
 fn eject(backend: &Backend, why: &str) {
-    if backend.healthy.swap(false, Ordering::Relaxed) {
-        let mut c = backend.health.lock();
-        c.probe_successes = 0;
-        c.out_since = Some(Instant::now());
+    let mut c = backend.health.lock();
+    if backend.healthy.load(Ordering::Relaxed) {
+        take_out(backend, &mut c);
         tracing::warn!(backend = %backend.name, reason = why, "backend ejected");
     }
 }
@@ -257,12 +262,12 @@ mod tests {
         let pool = backends(&["a"]);
         record_probe(&pool[0], Err("status 503".into()), &probing);
         assert!(!healthy(&pool[0]));
-        pool[0].health.lock().out_since = None;
+        let out_since = pool[0].health.lock().out_since.unwrap();
 
+        // A reload turns probes off: the period counts from when the probes took it out.
         let cfg = without_probes(500);
-        let seen = Instant::now();
-        let due = seen + Duration::from_millis(500);
-        assert_eq!(readmit_ejected(&pool, &cfg, seen), Some(due));
+        let due = out_since + Duration::from_millis(500);
+        assert_eq!(readmit_ejected(&pool, &cfg, out_since), Some(due));
         readmit_ejected(&pool, &cfg, due);
         assert!(healthy(&pool[0]));
     }
