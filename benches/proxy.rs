@@ -15,6 +15,9 @@
 //! `--rates 2000,8000` (open-loop request rates for the moderate-load latency table; empty
 //! to skip), `--wrap "CMD ARGS"` (start agentrace under a profiler, as
 //! `scripts/proxy-instructions.sh` does).
+//! The backends run in a process of their own (this benchmark started again with
+//! `--serve-backends`), apart from the built-in clients, so that the direct baseline crosses a
+//! process boundary each way as a real client-to-server request does.
 //! Load generator, backends and proxies share the machine's cores, so req/s are noisy; the proxy
 //! CPU column (user + system time of the proxy processes per request) is the steadier figure;
 //! compare targets within one run, not across machines.
@@ -102,10 +105,72 @@ fn parse_args() -> Args {
 // ---------------------------------------------------------------------------------------------
 // Backends
 
+/// The system-wide monotonic clock in ns: the backends' process stamps each SSE event with it
+/// and the client's process reads it on arrival, so the delivery delay spans both.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Starts this benchmark again as the backends' process and reads their addresses. The
+/// backends live apart from the load generator, as inference servers do: the direct baseline
+/// then crosses a process boundary each way, like every proxied request, instead of being
+/// answered by the client's own runtime. The child exits when its stdin closes.
+async fn spawn_backend_process(interval: Duration) -> (tokio::process::Child, Vec<SocketAddr>) {
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .arg(BACKENDS_FLAG)
+        .arg(interval.as_micros().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("backends' process");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("the backends' process announces its addresses");
+    let addrs = line
+        .split_whitespace()
+        .map(|a| a.parse().expect("backend address"))
+        .collect();
+    (child, addrs)
+}
+
+/// The backends' process: 4 backends on 2 runtime threads, their addresses on one line, then
+/// serve until the benchmark closes stdin.
+fn serve_backends(interval: Duration) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mut addrs = Vec::new();
+        for _ in 0..4 {
+            addrs.push(spawn_backend(interval).await.to_string());
+        }
+        println!("{}", addrs.join(" "));
+        let mut stdin = tokio::io::stdin();
+        let mut sink = [0u8; 64];
+        while tokio::io::AsyncReadExt::read(&mut stdin, &mut sink)
+            .await
+            .is_ok_and(|n| n > 0)
+        {}
+    });
+}
+
 /// One backend: JSON for plain requests, 256 paced SSE events when the body asks to stream.
-/// Each SSE event carries the time it was written (ns since `anchor`), so the client, in the
-/// same process, measures per-event delivery delay.
-async fn spawn_backend(anchor: Instant, interval: Duration) -> SocketAddr {
+/// Each SSE event carries the time it was written ([`monotonic_ns`]), so the client measures
+/// per-event delivery delay.
+async fn spawn_backend(interval: Duration) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -126,7 +191,7 @@ async fn spawn_backend(anchor: Instant, interval: Duration) -> SocketAddr {
                         .map(|c| c.to_bytes())
                         .unwrap_or_default();
                     if memchr_stream(&body) {
-                        Ok(sse_response(anchor, interval))
+                        Ok(sse_response(interval))
                     } else {
                         let mut r = Response::new(body_full(CHAT_RESPONSE));
                         r.headers_mut()
@@ -153,14 +218,14 @@ fn memchr_stream(body: &[u8]) -> bool {
     body.windows(13).any(|w| w == b"\"stream\":true")
 }
 
-fn sse_response(anchor: Instant, interval: Duration) -> Response<BenchBody> {
+fn sse_response(interval: Duration) -> Response<BenchBody> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
     tokio::spawn(async move {
         let start = Instant::now();
         for i in 0..=SSE_EVENTS {
             tokio::time::sleep_until(start + interval * i as u32).await;
             let data = if i < SSE_EVENTS {
-                let t = anchor.elapsed().as_nanos();
+                let t = monotonic_ns();
                 format!("data: {{\"t\":{t},\"i\":{i},\"choices\":[{{\"delta\":{{\"content\":\"tok\"}}}}]}}\n\n")
             } else {
                 "data: [DONE]\n\n".to_string()
@@ -638,12 +703,7 @@ struct SseResult {
 
 /// `streams` concurrent SSE streams, each opening the next as soon as one ends; every event's
 /// delay is (received − written by the backend), on the shared monotonic clock.
-async fn run_sse(
-    anchor: Instant,
-    addr: SocketAddr,
-    streams: usize,
-    duration: Duration,
-) -> SseResult {
+async fn run_sse(addr: SocketAddr, streams: usize, duration: Duration) -> SseResult {
     let end = Instant::now() + duration;
     let body = CHAT_BODY.replace("\"max_tokens\":16", "\"stream\":true");
     let mut tasks = Vec::new();
@@ -672,7 +732,7 @@ async fn run_sse(
                 let mut b = resp.into_body();
                 let mut pending = Vec::new();
                 while let Some(Ok(frame)) = b.frame().await {
-                    let now = anchor.elapsed().as_nanos() as u64;
+                    let now = monotonic_ns();
                     let Ok(data) = frame.into_data() else {
                         continue;
                     };
@@ -771,7 +831,18 @@ fn median<R>(runs: &[R], field: impl Fn(&R) -> f64) -> f64 {
 
 // ---------------------------------------------------------------------------------------------
 
+/// Runs this benchmark as the backends' process (see [`spawn_backend_process`]).
+const BACKENDS_FLAG: &str = "--serve-backends";
+
 fn main() {
+    let mut argv = std::env::args().skip(1);
+    if argv.next().as_deref() == Some(BACKENDS_FLAG) {
+        let us = argv
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("interval µs");
+        return serve_backends(Duration::from_micros(us));
+    }
     let args = parse_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -782,12 +853,8 @@ fn main() {
 }
 
 async fn run(args: Args) {
-    let anchor = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let mut backends = Vec::new();
-    for _ in 0..4 {
-        backends.push(spawn_backend(anchor, args.sse_interval).await);
-    }
+    let (_backends_process, backends) = spawn_backend_process(args.sse_interval).await;
     let wanted = |name: &str| {
         args.only
             .as_ref()
@@ -928,7 +995,7 @@ async fn run(args: Args) {
     );
     let (streams, duration) = (args.sse_streams, args.duration);
     let sse = each_target(&targets, args.repeats, |t| {
-        Box::pin(run_sse(anchor, t.addr, streams, duration))
+        Box::pin(run_sse(t.addr, streams, duration))
     })
     .await;
     println!("| target    | events/s (median) | delivery p50 µs | delivery p99 µs | p50 added µs | p99 added µs |");
