@@ -27,7 +27,9 @@ use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
 use super::Inner;
 use crate::shutdown::Shutdown;
 
-/// Body frames up to this size are copied behind their framing, so both go out in one write.
+/// Body frames up to this size are copied behind their framing, so both go out in one write;
+/// frames that have already arrived are gathered up to it too, so a burst of SSE events read
+/// from the backend at once costs the client one write and one wake-up, not one per event.
 const COPY_MAX: usize = 16 * 1024;
 /// After refusing a request whose body is left unread, how long the rest of it is read and
 /// dropped, so that closing does not reset the connection before the client reads the answer.
@@ -553,6 +555,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let written = if data.len() <= COPY_MAX {
                 self.out.extend_from_slice(&data);
                 self.out.extend_from_slice(tail);
+                // The next frame may be here already; the next poll writes all of it out
+                // before it waits for more.
+                if !end && self.out.len() < COPY_MAX {
+                    continue;
+                }
                 self.write_out(deadline).await
             } else {
                 let mut slices = [
@@ -583,4 +590,194 @@ fn write_failed(inner: &Inner, e: &std::io::Error) -> Next {
         tracing::debug!("client took no response bytes within client.send_timeout_ms; closing");
     }
     Next::Close
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::IoSlice;
+    use std::task::Context;
+    use tokio::io::{AsyncReadExt, DuplexStream, ReadBuf};
+    use tokio::net::TcpListener;
+
+    /// A client connection that keeps a copy of each write the proxy makes to it.
+    struct RecordingIo {
+        io: DuplexStream,
+        writes: Arc<parking_lot::Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl AsyncRead for RecordingIo {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for RecordingIo {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let this = &mut *self;
+            let written = Pin::new(&mut this.io).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = written {
+                this.writes.lock().push(buf[..n].to_vec());
+            }
+            written
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            // One write, as a socket's writev would be.
+            let joined: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            self.poll_write(cx, &joined)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.io).poll_shutdown(cx)
+        }
+    }
+
+    fn chunk(data: &str) -> String {
+        format!("{:x}\r\n{data}\r\n", data.len())
+    }
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    }
+
+    /// Reads from the client's side until `needle` has arrived, failing after 10 s.
+    async fn read_until(client: &mut DuplexStream, got: &mut Vec<u8>, needle: &str) {
+        let wait = async {
+            while !contains(got, needle) {
+                let mut buf = [0u8; 4096];
+                let n = client.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the proxy closed before {needle:?} arrived");
+                got.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{needle:?} did not arrive; got {:?}",
+                    String::from_utf8_lossy(got)
+                )
+            });
+    }
+
+    #[tokio::test]
+    async fn events_that_arrived_together_reach_the_client_in_one_write_and_none_waits_for_the_next(
+    ) {
+        let events = [
+            "data: one\n\n",
+            "data: two\n\n",
+            "data: three\n\n",
+            "data: four\n\n",
+        ];
+        let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = backend.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !contains(&head, "\r\n\r\n") {
+                let mut buf = [0u8; 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the proxy closed before sending a head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            // Three events in one write, as a backend's burst reaches the proxy in one read.
+            let burst = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}{}{}",
+                chunk(events[0]),
+                chunk(events[1]),
+                chunk(events[2])
+            );
+            s.write_all(burst.as_bytes()).await.unwrap();
+            let _ = released.await;
+            s.write_all(format!("{}0\r\n\r\n", chunk(events[3])).as_bytes())
+                .await
+                .unwrap();
+            let _ = s.read(&mut [0u8; 64]).await;
+        });
+
+        let config = super::super::config::ProxyConfig::from_toml_str(&format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 1\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [health]\ninterval_ms = 0\n[[backends]]\nname = \"a\"\nurl = \"http://{backend_addr}\"\n"
+        ))
+        .unwrap();
+        let (_trigger, shutdown) = crate::shutdown::channel();
+        let proxy = super::super::start(config, shutdown.clone()).await.unwrap();
+        let writes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (mut client, proxy_side) = tokio::io::duplex(1 << 20);
+        let io = RecordingIo {
+            io: proxy_side,
+            writes: writes.clone(),
+        };
+        let peer = "127.0.0.1:40000".parse().unwrap();
+        tokio::spawn(serve(
+            io,
+            BytesMut::new(),
+            proxy.inner.clone(),
+            Arc::new(ClientConn::new(peer, false, 0)),
+            shutdown,
+            Instant::now(),
+        ));
+
+        client
+            .write_all(b"GET /v1/stream HTTP/1.1\r\nhost: agentrace\r\nx-session-id: s\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        read_until(&mut client, &mut got, events[2]).await;
+        {
+            let writes = writes.lock();
+            assert_eq!(
+                writes.len(),
+                1,
+                "the three events read together went out in {} writes",
+                writes.len()
+            );
+            assert!(
+                contains(&writes[0], "HTTP/1.1 200"),
+                "the head leads the first write"
+            );
+            for event in &events[..3] {
+                assert!(
+                    contains(&writes[0], event),
+                    "{event:?} missing from the first write"
+                );
+            }
+        }
+        // The fourth is only written once the client has the first three.
+        release.send(()).unwrap();
+        read_until(&mut client, &mut got, "0\r\n\r\n").await;
+        let text = String::from_utf8_lossy(&got);
+        let at: Vec<usize> = events.iter().map(|e| text.find(e).unwrap()).collect();
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "events out of order: {text}"
+        );
+    }
 }
