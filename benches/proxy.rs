@@ -131,17 +131,23 @@ async fn spawn_backend_process(interval: Duration) -> (tokio::process::Child, Ve
         .kill_on_drop(true)
         .spawn()
         .expect("backends' process");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("the backends' process announces its addresses");
+    let line = first_line(&mut child, "the backends' process announces its addresses").await;
     let addrs = line
         .split_whitespace()
         .map(|a| a.parse().expect("backend address"))
         .collect();
     (child, addrs)
+}
+
+/// The first line a child started with piped stdout prints (its addresses).
+async fn first_line(child: &mut tokio::process::Child, what: &str) -> String {
+    let stdout = child.stdout.take().expect("stdout piped");
+    tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .expect(what)
 }
 
 /// The backends' process: 4 backends on 2 runtime threads, their addresses on one line, then
@@ -308,12 +314,7 @@ async fn start_agentrace(dir: &Path, backends: &[SocketAddr], wrap: &[String]) -
         .kill_on_drop(true)
         .spawn()
         .expect("agentrace binary");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines
-        .next_line()
-        .await
-        .unwrap()
-        .expect("agentrace announces its address");
+    let line = first_line(&mut child, "agentrace announces its address").await;
     // "agentrace proxy listening on ADDR (admin ADMIN)"
     let words: Vec<&str> = line.split_whitespace().collect();
     let addr: SocketAddr = words[4].parse().unwrap();
