@@ -164,12 +164,7 @@ fn serve_backends(interval: Duration) {
             addrs.push(spawn_backend(interval).await.to_string());
         }
         println!("{}", addrs.join(" "));
-        let mut stdin = tokio::io::stdin();
-        let mut sink = [0u8; 64];
-        while tokio::io::AsyncReadExt::read(&mut stdin, &mut sink)
-            .await
-            .is_ok_and(|n| n > 0)
-        {}
+        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink()).await;
     });
 }
 

@@ -595,7 +595,6 @@ fn write_failed(inner: &Inner, e: &std::io::Error) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::IoSlice;
     use std::task::Context;
     use tokio::io::{AsyncReadExt, DuplexStream, ReadBuf};
     use tokio::net::TcpListener;
