@@ -79,6 +79,7 @@ fn parse_args() -> Args {
             "--loads" => {
                 a.loads = value()
                     .split(',')
+                    .filter(|s| !s.is_empty())
                     .map(|s| s.parse().expect("--loads"))
                     .collect()
             }
@@ -764,8 +765,10 @@ fn event_time(event: &[u8]) -> Option<u64> {
     rest[..rest.find(',')?].parse().ok()
 }
 
-/// Runs `run` `repeats` times on every target, interleaving the targets within each repeat so
-/// background noise hits all of them; one result list per target.
+/// Runs `run` `repeats` times on every target: one round per repeat, every target once in each,
+/// so background noise hits all of them, and the order turned by one each round so no target
+/// always follows the same one. One result list per target, in round order, which lets
+/// [`paired_line`] compare two targets round by round.
 async fn each_target<R>(
     targets: &[Target],
     repeats: usize,
@@ -774,12 +777,73 @@ async fn each_target<R>(
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = R> + 'a>>,
 ) -> Vec<Vec<R>> {
     let mut results: Vec<Vec<R>> = targets.iter().map(|_| Vec::new()).collect();
-    for _ in 0..repeats {
-        for (i, t) in targets.iter().enumerate() {
-            results[i].push(run(t).await);
+    for round in 0..repeats {
+        for k in 0..targets.len() {
+            let i = (round + k) % targets.len();
+            results[i].push(run(&targets[i]).await);
         }
     }
     results
+}
+
+/// agentrace against each peer proxy, round by round: in how many rounds its `field` was
+/// better (`higher_is_better` or lower) and the median of the per-round ratios. Targets that
+/// ran in the same round met the same machine, so the pairs cancel the drift between rounds
+/// that medians over a whole run keep.
+fn paired_line<R>(
+    targets: &[Target],
+    results: &[Vec<R>],
+    what: &str,
+    higher_is_better: bool,
+    field: impl Fn(&R) -> f64,
+) -> Option<String> {
+    let ours = targets.iter().position(|t| t.name == "agentrace")?;
+    let mut parts = Vec::new();
+    for (t, theirs) in targets.iter().zip(results) {
+        if !matches!(t.name.as_str(), "nginx" | "haproxy") {
+            continue;
+        }
+        let ratios: Vec<f64> = results[ours]
+            .iter()
+            .zip(theirs)
+            .map(|(a, b)| field(a) / field(b))
+            .filter(|r| r.is_finite())
+            .collect();
+        let better = ratios
+            .iter()
+            .filter(|&&r| if higher_is_better { r >= 1.0 } else { r < 1.0 })
+            .count();
+        parts.push(format!(
+            "{} in {better} of {} rounds (median ratio {:.3})",
+            t.name,
+            ratios.len(),
+            median(&ratios, |r| *r)
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("agentrace {what} than {}", parts.join(", ")))
+}
+
+/// In how many rounds agentrace added less than `limit_us` to the direct target's `field`
+/// measured in the same round, and the median of what it added.
+fn added_under_line<R>(
+    targets: &[Target],
+    results: &[Vec<R>],
+    what: &str,
+    limit_us: f64,
+    field: impl Fn(&R) -> f64,
+) -> Option<String> {
+    let ours = targets.iter().position(|t| t.name == "agentrace")?;
+    let added: Vec<f64> = results[ours]
+        .iter()
+        .zip(&results[0])
+        .map(|(a, direct)| field(a) - field(direct))
+        .collect();
+    let under = added.iter().filter(|&&a| a < limit_us).count();
+    Some(format!(
+        "agentrace added {what} under {limit_us:.0} µs in {under} of {} rounds (median of the rounds: {:.0} µs)",
+        added.len(),
+        median(&added, |a| *a)
+    ))
 }
 
 /// `value − direct` for a proxy; "-" for the direct target itself.
@@ -941,6 +1005,11 @@ async fn run(args: Args) {
                 rs.iter().map(|r| r.errors).sum::<u64>()
             );
         }
+        let lines = [
+            paired_line(&targets, &results, "had more req/s", true, |r| r.rps),
+            paired_line(&targets, &results, "had a lower p99", false, |r| r.p99_us),
+        ];
+        lines.iter().flatten().for_each(|l| println!("{l}"));
     }
 
     for &rate in &args.rates {
@@ -981,8 +1050,24 @@ async fn run(args: Args) {
                 );
             }
         }
+        let lines = [
+            added_under_line(&targets, &results, "p50", 100.0, |r| r.p50_us),
+            paired_line(&targets, &results, "had a lower p50", false, |r| r.p50_us),
+            paired_line(&targets, &results, "had a lower p99", false, |r| r.p99_us),
+        ];
+        lines.iter().flatten().for_each(|l| println!("{l}"));
     }
 
+    if args.sse_streams > 0 {
+        sse_table(&targets, &args).await;
+    }
+    for t in targets {
+        t.stop().await;
+    }
+}
+
+/// The SSE run: events/s and the per-event delivery delay each proxy adds.
+async fn sse_table(targets: &[Target], args: &Args) {
     println!(
         "\nSSE: {} concurrent streams, {SSE_EVENTS} events per response, one event every {} µs per stream, {} s per run",
         args.sse_streams,
@@ -990,7 +1075,7 @@ async fn run(args: Args) {
         args.duration.as_secs_f64()
     );
     let (streams, duration) = (args.sse_streams, args.duration);
-    let sse = each_target(&targets, args.repeats, |t| {
+    let sse = each_target(targets, args.repeats, |t| {
         Box::pin(run_sse(t.addr, streams, duration))
     })
     .await;
@@ -1010,9 +1095,6 @@ async fn run(args: Args) {
             added_cell(t, p50, d50),
             added_cell(t, p99, d99)
         );
-    }
-    for t in targets {
-        t.stop().await;
     }
 }
 
