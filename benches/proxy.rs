@@ -19,7 +19,8 @@
 //! `--serve-backends`), apart from the built-in clients, so that the direct baseline crosses a
 //! process boundary each way as a real client-to-server request does.
 //! Load generator, backends and proxies share the machine's cores, so req/s are noisy; the proxy
-//! CPU column (user + system time of the proxy processes per request) is the steadier figure;
+//! CPU column (user + system time of the proxy processes per request, the system part in
+//! brackets) is the steadier figure;
 //! compare targets within one run, not across machines.
 
 use std::convert::Infallible;
@@ -420,6 +421,9 @@ struct RunResult {
     errors: u64,
     /// CPU time the proxy processes spent per request (user + system), when measurable.
     cpu_us_per_req: f64,
+    /// The part of `cpu_us_per_req` spent in the kernel (system time): the sockets' work,
+    /// the same for every proxy that makes the same system calls.
+    kernel_us_per_req: f64,
     /// agentrace only: the p50 and p99 of its own time per request in this run, as the upper
     /// bounds of their buckets in `agentrace_proxy_overhead_seconds` (NaN for the others).
     own_p50_us: f64,
@@ -536,6 +540,7 @@ async fn run_wrk(
         p99_us: f64::NAN,
         errors: 0,
         cpu_us_per_req: f64::NAN,
+        kernel_us_per_req: f64::NAN,
         own_p50_us: f64::NAN,
         own_p99_us: f64::NAN,
     };
@@ -679,6 +684,7 @@ async fn gather(
         p99_us: percentile(&all, 0.99) / 1e3,
         errors,
         cpu_us_per_req: f64::NAN,
+        kernel_us_per_req: f64::NAN,
         own_p50_us: f64::NAN,
         own_p99_us: f64::NAN,
     }
@@ -855,13 +861,14 @@ fn added_cell(t: &Target, value: f64, direct: f64) -> String {
     }
 }
 
-/// The median proxy CPU per request, "-" where it was not measurable.
+/// The median proxy CPU per request with its kernel part, "-" where it was not measurable.
 fn cpu_cell(runs: &[RunResult]) -> String {
     let cpu = median(runs, |r| r.cpu_us_per_req);
+    let kernel = median(runs, |r| r.kernel_us_per_req);
     if cpu.is_nan() {
         "-".to_string()
     } else {
-        format!("{cpu:.1}")
+        format!("{cpu:.1} ({kernel:.1})")
     }
 }
 
@@ -873,8 +880,10 @@ async fn with_cpu(
 ) -> RunResult {
     let before = t.cpu_seconds();
     let mut r = run.await;
-    if let (Some(a), Some(b)) = (before, t.cpu_seconds()) {
-        r.cpu_us_per_req = (b - a) * 1e6 / (r.rps * duration.as_secs_f64());
+    if let (Some((user0, kernel0)), Some((user1, kernel1))) = (before, t.cpu_seconds()) {
+        let per_req = |seconds: f64| seconds * 1e6 / (r.rps * duration.as_secs_f64());
+        r.cpu_us_per_req = per_req(user1 + kernel1 - user0 - kernel0);
+        r.kernel_us_per_req = per_req(kernel1 - kernel0);
     }
     r
 }
@@ -986,16 +995,16 @@ async fn run(args: Args) {
         .await;
         println!("\n{conns} connections (closed loop)");
         println!(
-            "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | proxy CPU µs/req | errors |"
+            "| target    | req/s (median) | p50 µs | p99 µs | p50 added vs direct µs | proxy CPU µs/req (kernel) | errors |"
         );
         println!(
-            "|-----------|---------------:|-------:|-------:|-----------------------:|-----------------:|-------:|"
+            "|-----------|---------------:|-------:|-------:|-----------------------:|--------------------------:|-------:|"
         );
         let direct_p50 = median(&results[0], |r| r.p50_us);
         for (t, rs) in targets.iter().zip(&results) {
             let p50 = median(rs, |r| r.p50_us);
             println!(
-                "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>16} | {:>6} |",
+                "| {:<9} | {:>14.0} | {:>6.0} | {:>6.0} | {:>22} | {:>25} | {:>6} |",
                 t.name,
                 median(rs, |r| r.rps),
                 p50,
@@ -1022,15 +1031,15 @@ async fn run(args: Args) {
         })
         .await;
         println!("\n{rate:.0} req/s offered (open loop, 16 connections, latency from each request's due time)");
-        println!("| target    | p50 µs | p99 µs | p50 added µs | p99 added µs | proxy CPU µs/req | errors |");
-        println!("|-----------|-------:|-------:|-------------:|-------------:|-----------------:|-------:|");
+        println!("| target    | p50 µs | p99 µs | p50 added µs | p99 added µs | proxy CPU µs/req (kernel) | errors |");
+        println!("|-----------|-------:|-------:|-------------:|-------------:|--------------------------:|-------:|");
         let d50 = median(&results[0], |r| r.p50_us);
         let d99 = median(&results[0], |r| r.p99_us);
         for (t, rs) in targets.iter().zip(&results) {
             let p50 = median(rs, |r| r.p50_us);
             let p99 = median(rs, |r| r.p99_us);
             println!(
-                "| {:<9} | {:>6.0} | {:>6.0} | {:>12} | {:>12} | {:>16} | {:>6} |",
+                "| {:<9} | {:>6.0} | {:>6.0} | {:>12} | {:>12} | {:>25} | {:>6} |",
                 t.name,
                 p50,
                 p99,
@@ -1099,9 +1108,9 @@ async fn sse_table(targets: &[Target], args: &Args) {
 }
 
 impl Target {
-    /// User + system CPU seconds of the proxy process and its descendants (nginx's workers),
+    /// User and system CPU seconds of the proxy process and its descendants (nginx's workers),
     /// from `/proc`; `None` for the in-process direct target or where `/proc` is missing.
-    fn cpu_seconds(&self) -> Option<f64> {
+    fn cpu_seconds(&self) -> Option<(f64, f64)> {
         let root = self._child.as_ref()?.id()?;
         let mut parent_of = std::collections::HashMap::new();
         let mut ticks = std::collections::HashMap::new();
@@ -1116,7 +1125,7 @@ impl Target {
             let f: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
             let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
             parent_of.insert(pid, num(1) as u32);
-            ticks.insert(pid, num(11) + num(12));
+            ticks.insert(pid, (num(11), num(12)));
         }
         let in_tree = |mut pid: u32| loop {
             if pid == root {
@@ -1127,13 +1136,12 @@ impl Target {
                 _ => return false,
             }
         };
-        let total: u64 = ticks
+        let (user, system) = ticks
             .iter()
             .filter(|(pid, _)| in_tree(**pid))
-            .map(|(_, t)| t)
-            .sum();
+            .fold((0, 0), |(u, s), (_, (user, system))| (u + user, s + system));
         // Clock ticks are 1/100 s on Linux.
-        Some(total as f64 / 100.0)
+        Some((user as f64 / 100.0, system as f64 / 100.0))
     }
 
     /// SIGTERM and wait: nginx's workers outlive a SIGKILLed master.
