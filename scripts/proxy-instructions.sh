@@ -4,10 +4,21 @@
 # whether a change to the forwarding path made it cheaper. Runs the proxy benchmark's
 # 64-connection load through agentrace alone, counts a window of SECONDS after a warm-up, and
 # prints instructions per request and the proxy functions that cost most (inclusive).
-# Usage: scripts/proxy-instructions.sh [SECONDS]      needs: apt-get install -y valgrind wrk
+# With --peers, nginx (one worker, no master) and HAProxy (one thread), whichever are installed,
+# are counted the same way on the same backends and load, for comparison.
+# Usage: scripts/proxy-instructions.sh [SECONDS] [--peers]
+#        needs: apt-get install -y valgrind wrk (and nginx haproxy for --peers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-window=${1:-10}
+export PATH="$PATH:/usr/sbin:/sbin"
+window=10
+peers=false
+for arg in "$@"; do
+  case "$arg" in
+    --peers) peers=true ;;
+    *) window=$arg ;;
+  esac
+done
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install -y valgrind wrk)" >&2; exit 1; }
 done
@@ -27,7 +38,7 @@ callgrind_control --zero >/dev/null
 sleep "$window"
 callgrind_control --dump >/dev/null
 wait "$bench_pid"
-profile=$(ls "$out"/cg.*.1 2>/dev/null | head -1)
+profile=$(ls "$out"/cg.*.1 2>/dev/null | head -1 || true)
 [ -n "$profile" ] || { echo "no callgrind dump in $out (see $out/bench.txt)" >&2; exit 1; }
 callgrind_annotate --tree=calling --inclusive=yes "$profile" >"$out/tree.txt" 2>/dev/null
 total=$(callgrind_annotate "$profile" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
@@ -41,3 +52,104 @@ callgrind_annotate --inclusive=yes "$profile" 2>/dev/null |
   awk -v n="$requests" '{c=$1; gsub(",", "", c); if (!seen[$2]++) printf "%8d  %s\n", c / n, $2}' |
   head -15
 echo "profile: $profile"
+$peers || exit 0
+
+# Peers: the benchmark's backends in their own process (they exit when their stdin closes),
+# each peer under callgrind, counters zeroed after a warm-up, then `window` seconds of wrk;
+# instructions per request is what the peer executed in that window over wrk's request count.
+exec 3> >("$bench" --serve-backends 1000 >"$out/backends.txt")
+for _ in $(seq 50); do [ -s "$out/backends.txt" ] && break; sleep 0.1; done
+read -r -a backends <"$out/backends.txt"
+[ "${#backends[@]}" -eq 4 ] || { echo "the backends did not start (see $out/backends.txt)" >&2; exit 1; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+script="$out/sessions.lua"
+cat >"$script" <<'EOF'
+local keys = {}
+for i = 1, 1000 do keys[i] = "session-" .. i end
+local body = '{"model":"bench","messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"Fix the failing test."}],"max_tokens":16}'
+request = function()
+  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json", ["X-Session-ID"] = keys[math.random(1, 1000)]}, body)
+end
+EOF
+url="http://127.0.0.1:$port/v1/chat/completions"
+
+# count_peer NAME COMMAND...: runs COMMAND under callgrind, listening on $port.
+count_peer() {
+  local name=$1
+  shift
+  valgrind --tool=callgrind --callgrind-out-file="$out/$name.cg" "$@" >"$out/$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 100); do (exec 9<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.2; done
+  wrk -t2 -c64 -d5s -s "$script" "$url" >/dev/null
+  callgrind_control --zero "$pid" >/dev/null
+  local served
+  served=$(wrk -t2 -c64 -d"${window}s" -s "$script" "$url" | awk '/requests in/ {print $1}')
+  callgrind_control --dump "$pid" >/dev/null
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  local dump count
+  dump=$(ls "$out/$name.cg".* 2>/dev/null | grep -v '\.cg$' | head -1 || true)
+  [ -n "$dump" ] || { echo "$name: no callgrind dump in $out (see $out/$name.log)" >&2; return; }
+  count=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  echo "$name: requests $served; instructions: $count; per request: $((count / served))"
+}
+
+servers=""
+for b in "${backends[@]}"; do servers+="    server $b;"$'\n'; done
+if command -v nginx >/dev/null; then
+  mkdir -p "$out/nginx"
+  cat >"$out/nginx/nginx.conf" <<EOF
+master_process off;
+daemon off;
+pid $out/nginx/nginx.pid;
+error_log $out/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $out/nginx/body; proxy_temp_path $out/nginx/proxy;
+  fastcgi_temp_path $out/nginx/fcgi; uwsgi_temp_path $out/nginx/uwsgi; scgi_temp_path $out/nginx/scgi;
+  upstream backends {
+    hash \$http_x_session_id consistent;
+$servers    keepalive 256;
+  }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://backends; proxy_http_version 1.1;
+      proxy_set_header Connection ""; proxy_buffering off;
+    }
+  }
+}
+EOF
+  count_peer nginx nginx -p "$out/nginx" -c "$out/nginx/nginx.conf" -e "$out/nginx/error.log"
+else
+  echo "nginx not installed: skipped"
+fi
+if command -v haproxy >/dev/null; then
+  i=0
+  servers=""
+  for b in "${backends[@]}"; do servers+="  server gpu-$i $b"$'\n'; i=$((i + 1)); done
+  cat >"$out/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn 4000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 120s
+  timeout server 120s
+  option http-keep-alive
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$port
+  default_backend be
+backend be
+  balance hdr(X-Session-ID)
+  hash-type consistent
+$servers
+EOF
+  count_peer haproxy haproxy -f "$out/haproxy.cfg" -db
+else
+  echo "haproxy not installed: skipped"
+fi
+exec 3>&-
