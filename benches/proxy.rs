@@ -817,7 +817,7 @@ fn paired_line<R>(
             .collect();
         let better = ratios
             .iter()
-            .filter(|&&r| if higher_is_better { r >= 1.0 } else { r < 1.0 })
+            .filter(|&&r| if higher_is_better { r > 1.0 } else { r < 1.0 })
             .count();
         parts.push(format!(
             "{} in {better} of {} rounds (median ratio {:.3})",
