@@ -2,42 +2,55 @@
 # Instructions agentrace executes per proxied request, counted by valgrind's callgrind: unlike
 # req/s and CPU time, the count does not move with what else the machine is doing, so it shows
 # whether a change to the forwarding path made it cheaper. Runs the proxy benchmark's
-# 64-connection load through agentrace alone, counts a window of SECONDS after a warm-up, and
-# prints instructions per request and the proxy functions that cost most (inclusive).
+# closed-loop load (64 connections, or N with --conns) through agentrace alone, counts a window
+# of SECONDS after a warm-up, and prints instructions per request and the proxy functions that
+# cost most (inclusive). At one connection every request also pays for the runtime's sleep and
+# wake-up, twice, which at 64 connections is shared among many requests.
 # With --peers, nginx (one worker, no master) and HAProxy (one thread), whichever are installed,
 # are counted the same way on the same backends and load, for comparison.
-# Usage: scripts/proxy-instructions.sh [SECONDS] [--peers]
+# Usage: scripts/proxy-instructions.sh [SECONDS] [--peers] [--conns N]
 #        needs: apt-get install -y valgrind wrk (and nginx haproxy for --peers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
 window=10
 peers=false
-for arg in "$@"; do
-  case "$arg" in
+conns=64
+while [ $# -gt 0 ]; do
+  case "$1" in
     --peers) peers=true ;;
-    *) window=$arg ;;
+    --conns)
+      conns=${2:-}
+      [ $# -ge 2 ] && shift
+      ;;
+    *) window=$1 ;;
   esac
+  shift
 done
+[[ "$conns" =~ ^[1-9][0-9]*$ ]] || { echo "--conns: expected a number of connections, got '$conns'" >&2; exit 2; }
+[[ "$window" =~ ^[1-9][0-9]*$ ]] || { echo "SECONDS: expected a whole number, got '$window'" >&2; exit 2; }
+threads=$((conns < 2 ? conns : 2))
 for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install -y valgrind wrk)" >&2; exit 1; }
 done
 out=$(mktemp -d)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+# The build reports the agentrace binary too, in no fixed order: take the bench target's.
 bench=$(cargo bench --bench proxy --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+  grep '"kind":\["bench"\]' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1 || true)
 [ -x "$bench" ] || { echo "could not build the proxy benchmark" >&2; exit 1; }
 # The direct target runs first for `duration` seconds, then agentrace: warm up 5 s, count `window`.
 duration=$((window + 15))
-"$bench" --only agentrace --loads 64 --duration "$duration" --repeats 1 --rates "" \
+"$bench" --only agentrace --loads "$conns" --duration "$duration" --repeats 1 --rates "" \
   --sse-streams 1 --wrap "valgrind --tool=callgrind --callgrind-out-file=$out/cg.%p" \
   >"$out/bench.txt" 2>&1 &
 bench_pid=$!
 sleep $((duration + 5))
+kill -0 "$bench_pid" 2>/dev/null || { echo "the benchmark stopped early (see $out/bench.txt)" >&2; exit 1; }
 callgrind_control --zero >/dev/null
 sleep "$window"
 callgrind_control --dump >/dev/null
-wait "$bench_pid"
+wait "$bench_pid" || { echo "the benchmark failed (see $out/bench.txt)" >&2; exit 1; }
 profile=$(ls "$out"/cg.*.1 2>/dev/null | head -1 || true)
 [ -n "$profile" ] || { echo "no callgrind dump in $out (see $out/bench.txt)" >&2; exit 1; }
 callgrind_annotate --tree=calling --inclusive=yes "$profile" >"$out/tree.txt" 2>/dev/null
@@ -80,10 +93,10 @@ count_peer() {
   valgrind --tool=callgrind --callgrind-out-file="$out/$name.cg" "$@" >"$out/$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do (exec 9<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.2; done
-  wrk -t2 -c64 -d5s -s "$script" "$url" >/dev/null
+  wrk -t"$threads" -c"$conns" -d5s -s "$script" "$url" >/dev/null
   callgrind_control --zero "$pid" >/dev/null
   local served
-  served=$(wrk -t2 -c64 -d"${window}s" -s "$script" "$url" | awk '/requests in/ {print $1}')
+  served=$(wrk -t"$threads" -c"$conns" -d"${window}s" -s "$script" "$url" | awk '/requests in/ {print $1}')
   callgrind_control --dump "$pid" >/dev/null
   kill "$pid"
   wait "$pid" 2>/dev/null || true
