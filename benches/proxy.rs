@@ -152,63 +152,101 @@ async fn first_line(child: &mut tokio::process::Child, what: &str) -> String {
         .expect(what)
 }
 
-/// The backends' process: 4 backends on 2 runtime threads, their addresses on one line, then
-/// serve until the benchmark closes stdin.
+/// Threads of the backends' process.
+const BACKEND_THREADS: usize = 2;
+
+/// The backends' process: 4 backends, each listening on [`BACKEND_THREADS`] sockets of one
+/// port (`SO_REUSEPORT`), one per thread, each thread a single-threaded runtime; their
+/// addresses on one line, then serve until the benchmark closes stdin. The kernel hands each
+/// connection to one thread, which answers all of its requests. A work-stealing runtime here
+/// woke its second thread on most requests, a hand-off that added scheduling noise to every
+/// target at low concurrency and was no part of any proxy's cost.
 fn serve_backends(interval: Duration) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async move {
-        let mut addrs = Vec::new();
-        for _ in 0..4 {
-            addrs.push(spawn_backend(interval).await.to_string());
-        }
-        println!("{}", addrs.join(" "));
-        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink()).await;
-    });
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let first: Vec<std::net::TcpListener> = (0..4).map(|_| reuseport_listener(any)).collect();
+    let addrs: Vec<SocketAddr> = first.iter().map(|l| l.local_addr().unwrap()).collect();
+    let mut per_thread = vec![first];
+    for _ in 1..BACKEND_THREADS {
+        per_thread.push(addrs.iter().map(|&a| reuseport_listener(a)).collect());
+    }
+    for listeners in per_thread {
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                for listener in listeners {
+                    tokio::spawn(serve_backend(
+                        TcpListener::from_std(listener).unwrap(),
+                        interval,
+                    ));
+                }
+                std::future::pending::<()>().await
+            });
+        });
+    }
+    let addrs: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    println!("{}", addrs.join(" "));
+    let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
 }
 
-/// One backend: JSON for plain requests, 256 paced SSE events when the body asks to stream.
-/// Each SSE event carries the time it was written ([`monotonic_ns`]), so the client measures
-/// per-event delivery delay.
-async fn spawn_backend(interval: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| async move {
-                    if req.uri().path() == "/health" {
-                        return Ok::<_, Infallible>(Response::new(body_full("ok")));
-                    }
-                    let body = req
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|c| c.to_bytes())
-                        .unwrap_or_default();
-                    if memchr_stream(&body) {
-                        Ok(sse_response(interval))
-                    } else {
-                        let mut r = Response::new(body_full(CHAT_RESPONSE));
-                        r.headers_mut()
-                            .insert("content-type", "application/json".parse().unwrap());
-                        Ok(r)
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+/// A listening socket that others may bind to the same port (`SO_REUSEPORT`).
+fn reuseport_listener(addr: SocketAddr) -> std::net::TcpListener {
+    use std::os::fd::AsRawFd;
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: a valid socket, and `on` outlives the call with the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_REUSEPORT: {}", std::io::Error::last_os_error());
+    socket.bind(&addr.into()).unwrap();
+    socket.listen(1024).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    socket.into()
+}
+
+/// One backend's socket: JSON for plain requests, 256 paced SSE events when the body asks to
+/// stream. Each SSE event carries the time it was written ([`monotonic_ns`]), so the client
+/// measures per-event delivery delay.
+async fn serve_backend(listener: TcpListener, interval: Duration) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| async move {
+                if req.uri().path() == "/health" {
+                    return Ok::<_, Infallible>(Response::new(body_full("ok")));
+                }
+                let body = req
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|c| c.to_bytes())
+                    .unwrap_or_default();
+                if memchr_stream(&body) {
+                    Ok(sse_response(interval))
+                } else {
+                    let mut r = Response::new(body_full(CHAT_RESPONSE));
+                    r.headers_mut()
+                        .insert("content-type", "application/json".parse().unwrap());
+                    Ok(r)
+                }
             });
-        }
-    });
-    addr
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
 }
 
 type BenchBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
