@@ -53,7 +53,8 @@ callgrind_control --dump >/dev/null
 wait "$bench_pid" || { echo "the benchmark failed (see $out/bench.txt)" >&2; exit 1; }
 profile=$(ls "$out"/cg.*.1 2>/dev/null | head -1 || true)
 [ -n "$profile" ] || { echo "no callgrind dump in $out (see $out/bench.txt)" >&2; exit 1; }
-callgrind_annotate --tree=calling --inclusive=yes "$profile" >"$out/tree.txt" 2>/dev/null
+callgrind_annotate --tree=calling --inclusive=yes "$profile" >"$out/tree.txt" 2>"$out/annotate.txt" ||
+  { echo "callgrind_annotate could not read $profile (see $out/annotate.txt)" >&2; exit 1; }
 total=$(callgrind_annotate "$profile" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
 requests=$(grep -E '>   .*routing::Router::route ' "$out/tree.txt" | head -1 |
   sed -E 's/.*\(([0-9,]+)x\).*/\1/' | tr -d ,)
