@@ -246,6 +246,40 @@ async fn admin_api_requires_the_configured_token() {
     proxy.shutdown().await;
 }
 
+/// The authentication scheme is case-insensitive (RFC 9110 §11.1): `bearer`, `BEARER` and any
+/// other casing of `Bearer` carry the token, with one or more spaces before it; the token
+/// itself is compared exactly.
+#[tokio::test]
+async fn admin_bearer_scheme_is_case_insensitive() {
+    let a = TestBackend::spawn("a").await;
+    let mut config = config_for(&[&a]);
+    config.admin.token = Some(Secret("t0ken".into()));
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let url = proxy.admin_url("/admin/backends");
+    for accepted in [
+        "Bearer t0ken",
+        "bearer t0ken",
+        "BEARER t0ken",
+        "bEaReR t0ken",
+        "Bearer   t0ken",
+    ] {
+        let (status, _, _) = fetch(&client, "GET", &url, &[("authorization", accepted)], "").await;
+        assert_eq!(status, 200, "{accepted:?} carries the right token");
+    }
+    for refused in [
+        "bearer T0KEN",
+        "bearert0ken",
+        "Bearers t0ken",
+        "Basic t0ken",
+        "bearer",
+    ] {
+        let (status, _, _) = fetch(&client, "GET", &url, &[("authorization", refused)], "").await;
+        assert_eq!(status, 401, "{refused:?} must not authorize");
+    }
+    proxy.shutdown().await;
+}
+
 /// Draining a backend: its known sessions finish there, new sessions go elsewhere; undrain
 /// lets new sessions in again.
 #[tokio::test]

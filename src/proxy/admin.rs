@@ -91,9 +91,20 @@ fn authorized(inner: &Inner, req: &Request<Incoming>) -> bool {
     };
     req.headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|given| token_matches(given.trim().as_bytes(), token.0.as_bytes()))
+        .and_then(|v| bearer_token(v.as_bytes()))
+        .is_some_and(|given| token_matches(given, token.0.as_bytes()))
+}
+
+/// The credentials of `Bearer <token>`: the scheme is matched in any case and one or more
+/// spaces may follow it (RFC 9110 §11.1: `credentials = auth-scheme [ 1*SP token68 ]`, the
+/// scheme case-insensitive), so `bearer` and `BEARER` work as clients send them.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer";
+    let (scheme, rest) = value.split_at_checked(SCHEME.len())?;
+    if !scheme.eq_ignore_ascii_case(SCHEME) || rest.first() != Some(&b' ') {
+        return None;
+    }
+    Some(rest.trim_ascii())
 }
 
 fn route(inner: &Inner, req: Request<Incoming>) -> AdminResponse {
@@ -211,6 +222,15 @@ mod tests {
         assert_eq!(percent_decode("bad%zz"), "bad%zz");
         assert_eq!(percent_decode("end%2"), "end%2");
         assert_eq!(percent_decode("end%41"), "endA");
+    }
+
+    #[test]
+    fn bearer_scheme_matches_in_any_case_and_needs_a_space() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bEARER  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Bearerabc"), None);
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bear"), None);
     }
 
     #[test]
