@@ -255,3 +255,71 @@ async fn round_robin_policy_scatters_a_session() {
     assert_eq!(seen.len(), 4, "{seen:?}");
     proxy.shutdown().await;
 }
+
+/// The value of an unlabelled gauge in the Prometheus text.
+fn gauge(metrics: &str, name: &str) -> u64 {
+    let prefix = format!("{name} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
+}
+
+/// A reload that changes `affinity.max_sessions` (and with it how the session table is laid
+/// out) keeps every remembered session: 100 sessions bound away from their plain hash stay
+/// bound and keep reaching the backend they were bound to, and `agentrace_bound_sessions`
+/// and `agentrace_sessions` keep counting exactly the sessions the table still finds.
+#[tokio::test]
+async fn reload_that_changes_max_sessions_keeps_every_bound_session() {
+    let a = TestBackend::spawn("a").await;
+    let b = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&a, &b])).await;
+    let client = client();
+
+    // 100 keys whose first choice is "a", bound to "b" while "a" drains.
+    let mut keys = Vec::new();
+    for i in 0.. {
+        let key = format!("bound-{i}");
+        let view = admin_json(&client, &proxy, &format!("/admin/sessions/{key}")).await;
+        if view["rendezvous_order"][0] == "a" {
+            keys.push(key);
+            if keys.len() == 100 {
+                break;
+            }
+        }
+    }
+    let drain = |action: &'static str| {
+        let url = proxy.admin_url(&format!("/admin/backends/a/{action}"));
+        let client = client.clone();
+        async move { assert_eq!(fetch(&client, "POST", &url, &[], "").await.0, 200) }
+    };
+    drain("drain").await;
+    for key in &keys {
+        assert_eq!(placement(&client, &proxy, key).await, "b", "{key}");
+    }
+    drain("undrain").await;
+
+    let check = |when: String| {
+        let (client, proxy, keys) = (&client, &proxy, &keys);
+        async move {
+            for key in keys {
+                let view = admin_json(client, proxy, &format!("/admin/sessions/{key}")).await;
+                assert_eq!(view["known"]["bound"], true, "{when}: {key} {view}");
+                assert_eq!(view["known"]["backend"], "b", "{when}: {key} {view}");
+                assert_eq!(placement(client, proxy, key).await, "b", "{when}: {key}");
+            }
+            let metrics = proxy.metrics().await;
+            assert_eq!(gauge(&metrics, "agentrace_bound_sessions"), 100, "{when}");
+            assert_eq!(gauge(&metrics, "agentrace_sessions"), 100, "{when}");
+        }
+    };
+    check("before any reload".into()).await;
+    for max_sessions in [5_000, 1_000_000, 200, 100_000] {
+        let mut config = config_for(&[&a, &b]);
+        config.affinity.max_sessions = max_sessions;
+        proxy.handle().reload(config).unwrap();
+        check(format!("after a reload to max_sessions = {max_sessions}")).await;
+    }
+    proxy.shutdown().await;
+}

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -551,6 +551,11 @@ fn load_limit(pool: &Pool) -> Option<u64> {
 
 const SHARDS: usize = 16;
 
+/// Which of `n` shards holds `key`.
+fn shard_index(key: &str, n: usize) -> usize {
+    (hash64(7, key.as_bytes()) as usize) % n
+}
+
 /// What the table knows about one session.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -588,10 +593,24 @@ pub struct SessionView {
 /// refreshes its entry; entries that override the hash ("bound") are what make a spilled or
 /// failed-over session stick. Bounded by an idle TTL and an LRU size limit.
 pub struct SessionTable {
+    /// Always [`SHARDS`] of them; keys spread over the first `in_use`.
     shards: Vec<Mutex<Shard>>,
+    /// How many shards keys spread over: one for a small table, so that its LRU bound is
+    /// exact, else all. Changed only while every shard is locked, together with moving each
+    /// entry to the shard its key maps to then, so no lookup ever searches the wrong shard.
+    in_use: AtomicUsize,
     max_sessions: AtomicUsize,
     ttl_ms: AtomicU64,
     bound: AtomicI64,
+}
+
+/// Shards used for a table of at most `max_sessions`.
+fn shards_for(max_sessions: usize) -> usize {
+    if max_sessions >= SHARDS * 1024 {
+        SHARDS
+    } else {
+        1
+    }
 }
 
 impl SessionTable {
@@ -599,43 +618,76 @@ impl SessionTable {
     pub fn new(max_sessions: usize, ttl: Duration) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            in_use: AtomicUsize::new(shards_for(max_sessions)),
             max_sessions: AtomicUsize::new(max_sessions),
             ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
             bound: AtomicI64::new(0),
         }
     }
 
-    /// Applies new bounds (reload); they take effect as entries are touched or swept.
+    /// Applies new bounds (reload). A new size limit takes effect at once: when it changes
+    /// how many shards are used, every entry moves to its new shard, and entries over the
+    /// limit are evicted least recently used first, so the counts stay true. A new TTL takes
+    /// effect as entries are touched or swept.
     pub fn set_limits(&self, max_sessions: usize, ttl: Duration) {
-        self.max_sessions.store(max_sessions, Ordering::Relaxed);
         self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Relaxed);
+        // In index order, as nothing else ever holds two shard locks.
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        self.max_sessions.store(max_sessions, Ordering::Relaxed);
+        let n = shards_for(max_sessions);
+        if n != self.in_use.load(Ordering::Relaxed) {
+            let mut entries: Vec<(Arc<str>, Entry)> = Vec::new();
+            for shard in guards.iter_mut() {
+                shard.order.clear();
+                entries.extend(shard.map.drain());
+            }
+            // Oldest first, so each shard's order stays least recently used first.
+            entries.sort_by_key(|(_, e)| e.last_used);
+            for (key, mut entry) in entries {
+                let shard = &mut *guards[shard_index(&key, n)];
+                entry.seq = shard.next_seq;
+                shard.next_seq += 1;
+                shard
+                    .order
+                    .insert(entry.seq, (key.clone(), entry.last_used));
+                shard.map.insert(key, entry);
+            }
+            self.in_use.store(n, Ordering::Release);
+        }
+        let cap = (max_sessions / n).max(1);
+        for shard in guards.iter_mut() {
+            while shard.map.len() > cap {
+                let Some((&oldest, _)) = shard.order.first_key_value() else {
+                    break;
+                };
+                self.evict(shard, oldest);
+            }
+        }
     }
 
     fn ttl(&self) -> Duration {
         Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed))
     }
 
-    /// Small tables use one shard so the LRU bound is exact.
-    fn shard_count(&self) -> usize {
-        if self.max_sessions.load(Ordering::Relaxed) >= SHARDS * 1024 {
-            SHARDS
-        } else {
-            1
+    /// The locked shard of `key` and the per-shard size limit.
+    fn lock(&self, key: &str) -> (MutexGuard<'_, Shard>, usize) {
+        loop {
+            let n = self.in_use.load(Ordering::Acquire);
+            let guard = self.shards[shard_index(key, n)].lock();
+            // The layout changes only under every shard's lock: unchanged now, it holds
+            // until this guard is dropped. Changed, the key may live elsewhere: look again.
+            if self.in_use.load(Ordering::Acquire) == n {
+                return (
+                    guard,
+                    (self.max_sessions.load(Ordering::Relaxed) / n).max(1),
+                );
+            }
         }
-    }
-
-    fn shard(&self, key: &str) -> &Mutex<Shard> {
-        let n = self.shard_count();
-        &self.shards[(hash64(7, key.as_bytes()) as usize) % n]
-    }
-
-    fn per_shard_cap(&self) -> usize {
-        (self.max_sessions.load(Ordering::Relaxed) / self.shard_count()).max(1)
     }
 
     /// The session's backend and whether it is bound, unless unknown or idle past the TTL.
     pub fn get(&self, key: &str) -> Option<(Arc<Backend>, bool)> {
-        let mut shard = self.shard(key).lock();
+        let (mut shard, _) = self.lock(key);
         let entry = shard.map.get(key)?;
         if entry.last_used.elapsed() > self.ttl() {
             let seq = entry.seq;
@@ -647,7 +699,7 @@ impl SessionTable {
 
     /// A read-only view for the admin API.
     pub fn view(&self, key: &str) -> Option<SessionView> {
-        let shard = self.shard(key).lock();
+        let (shard, _) = self.lock(key);
         let e = shard.map.get(key)?;
         let idle = e.last_used.elapsed();
         (idle <= self.ttl()).then(|| SessionView {
@@ -661,9 +713,8 @@ impl SessionTable {
     /// Records a placement and refreshes the session's last use.
     pub fn put(&self, key: &str, backend: &Arc<Backend>, pinned: bool, outcome: Outcome) {
         let now = Instant::now();
-        let cap = self.per_shard_cap();
         let ttl = self.ttl();
-        let mut guard = self.shard(key).lock();
+        let (mut guard, cap) = self.lock(key);
         let Shard {
             map,
             order,
@@ -1051,6 +1102,51 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert_eq!(t.bound(), 0);
         assert_eq!(b.sessions.load(Ordering::Relaxed), 0);
+    }
+
+    /// A new size limit that changes how many shards are used moves every entry to its new
+    /// shard (none is lost, none counted twice), and one below the count evicts the least
+    /// recently used at once, with the bound and per-backend counts following.
+    #[test]
+    fn changing_max_sessions_keeps_entries_and_counts_true() {
+        let pool = pool_of(&["a", "b"], 0.0);
+        let (a, b) = (&pool.backends[0], &pool.backends[1]);
+        let t = SessionTable::new(1_000_000, Duration::from_secs(1800));
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            if i == 150 {
+                // The last 50 are strictly more recent than the rest, even on a coarse clock.
+                let before = Instant::now();
+                while Instant::now() == before {}
+            }
+            t.put(
+                k,
+                if i % 2 == 0 { a } else { b },
+                i % 4 == 0,
+                Outcome::Spill,
+            );
+        }
+        let check = |present: &[String]| {
+            for k in present {
+                assert!(t.get(k).is_some(), "{k} lost");
+            }
+            assert_eq!(t.len(), present.len());
+            let bound = present.iter().filter(|k| t.get(k).unwrap().1).count();
+            assert_eq!(t.bound(), bound as u64);
+            let on_a = present
+                .iter()
+                .filter(|k| Arc::ptr_eq(&t.get(k).unwrap().0, a));
+            assert_eq!(a.sessions.load(Ordering::Relaxed), on_a.count() as i64);
+        };
+        check(&keys);
+        for max in [1_000, 1_000_000, 500, 2_000_000] {
+            t.set_limits(max, Duration::from_secs(1800));
+            check(&keys);
+        }
+        // Down to 1 shard and 50 entries: the 50 most recently used stay.
+        t.set_limits(50, Duration::from_secs(1800));
+        check(&keys[150..]);
+        assert!(t.get(&keys[149]).is_none());
     }
 
     #[test]
