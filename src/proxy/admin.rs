@@ -183,7 +183,7 @@ fn session_json(inner: &Inner, pool: &Pool, key: String) -> serde_json::Value {
     json!({
         "key": k.text,
         "rendezvous_order": ranking,
-        "known": inner.router.sessions.view(&k.text),
+        "known": inner.router.sessions.view(inner.router.sessions.id(&k)),
         "next_request": decision.map(|d| json!({
             "backend": &*pool.backends[d.index].name,
             "outcome": d.outcome,

@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -466,9 +467,10 @@ impl Router {
         let plain = pool.first_choice(key.hash);
         // The full ranking is needed only when the first choice will not do.
         let mut ranking: Option<Vec<usize>> = None;
+        let id = self.sessions.id(key);
         let known = self
             .sessions
-            .get(&key.text)
+            .get(id)
             .and_then(|(backend, pinned)| pool.index_of(&backend).map(|i| (i, pinned)));
 
         // A known session stays where it is while that backend is healthy, even when draining:
@@ -522,7 +524,7 @@ impl Router {
         if commit {
             let pinned = index != plain;
             self.sessions
-                .put(&key.text, &pool.backends[index], pinned, outcome);
+                .put(id, &pool.backends[index], pinned, outcome);
         }
         Some(Decision { index, outcome })
     }
@@ -552,8 +554,21 @@ fn load_limit(pool: &Pool) -> Option<u64> {
 const SHARDS: usize = 16;
 
 /// Which of `n` shards holds `key`.
-fn shard_index(key: &str, n: usize) -> usize {
-    (hash64(7, key.as_bytes()) as usize) % n
+fn shard_index(id: SessionId, n: usize) -> usize {
+    (id.tag as usize) % n
+}
+
+/// How the table names a session: a fixed-size digest of its key, never the key itself, so
+/// that an entry costs the same whatever the length of the key a client sends (a header value
+/// may be 64 KiB). 128 bits: the key's placement hash, plus SipHash-1-3 of the key under a
+/// random key of the table's own, which no client can compute, so no client can make its key
+/// collide with another session's to move or take over that session's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId {
+    /// `SessionKey::hash`.
+    hash: u64,
+    /// The keyed hash; also picks the shard, so no client can crowd one shard either.
+    tag: u64,
 }
 
 /// What the table knows about one session.
@@ -568,11 +583,11 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    /// Seeded per process (keys come from clients), and several times cheaper than SipHash.
-    map: HashMap<Arc<str>, Entry, foldhash::fast::RandomState>,
-    /// Entries by last use, with the key and that last use: the first is the least recently
+    /// Seeded per process, and several times cheaper than SipHash (the ids are keyed already).
+    map: HashMap<SessionId, Entry, foldhash::fast::RandomState>,
+    /// Entries by last use, with the id and that last use: the first is the least recently
     /// used (and the idlest), checked without a lookup in `map`.
-    order: BTreeMap<u64, (Arc<str>, Instant)>,
+    order: BTreeMap<u64, (SessionId, Instant)>,
     next_seq: u64,
 }
 
@@ -591,10 +606,13 @@ pub struct SessionView {
 
 /// Remembered sessions, sharded by key to keep lock hold times short. Every keyed request
 /// refreshes its entry; entries that override the hash ("bound") are what make a spilled or
-/// failed-over session stick. Bounded by an idle TTL and an LRU size limit.
+/// failed-over session stick. Bounded by an idle TTL and an LRU size limit; each entry has
+/// the same size, as keys are kept as a [`SessionId`].
 pub struct SessionTable {
     /// Always [`SHARDS`] of them; keys spread over the first `in_use`.
     shards: Vec<Mutex<Shard>>,
+    /// The random key of [`SessionId::tag`], drawn when the table is made.
+    tag_key: std::hash::RandomState,
     /// How many shards keys spread over: one for a small table, so that its LRU bound is
     /// exact, else all. Changed only while every shard is locked, together with moving each
     /// entry to the shard its key maps to then, so no lookup ever searches the wrong shard.
@@ -618,6 +636,7 @@ impl SessionTable {
     pub fn new(max_sessions: usize, ttl: Duration) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            tag_key: std::hash::RandomState::new(),
             in_use: AtomicUsize::new(shards_for(max_sessions)),
             max_sessions: AtomicUsize::new(max_sessions),
             ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
@@ -636,21 +655,19 @@ impl SessionTable {
         self.max_sessions.store(max_sessions, Ordering::Relaxed);
         let n = shards_for(max_sessions);
         if n != self.in_use.load(Ordering::Relaxed) {
-            let mut entries: Vec<(Arc<str>, Entry)> = Vec::new();
+            let mut entries: Vec<(SessionId, Entry)> = Vec::new();
             for shard in guards.iter_mut() {
                 shard.order.clear();
                 entries.extend(shard.map.drain());
             }
             // Oldest first, so each shard's order stays least recently used first.
             entries.sort_by_key(|(_, e)| e.last_used);
-            for (key, mut entry) in entries {
-                let shard = &mut *guards[shard_index(&key, n)];
+            for (id, mut entry) in entries {
+                let shard = &mut *guards[shard_index(id, n)];
                 entry.seq = shard.next_seq;
                 shard.next_seq += 1;
-                shard
-                    .order
-                    .insert(entry.seq, (key.clone(), entry.last_used));
-                shard.map.insert(key, entry);
+                shard.order.insert(entry.seq, (id, entry.last_used));
+                shard.map.insert(id, entry);
             }
             self.in_use.store(n, Ordering::Release);
         }
@@ -669,11 +686,20 @@ impl SessionTable {
         Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed))
     }
 
-    /// The locked shard of `key` and the per-shard size limit.
-    fn lock(&self, key: &str) -> (MutexGuard<'_, Shard>, usize) {
+    /// How the table names the session of `key`: what [`SessionTable::get`] and
+    /// [`SessionTable::put`] take, computed once per request.
+    pub fn id(&self, key: &SessionKey) -> SessionId {
+        SessionId {
+            hash: key.hash,
+            tag: self.tag_key.hash_one(key.text.as_bytes()),
+        }
+    }
+
+    /// The locked shard of `id` and the per-shard size limit.
+    fn lock(&self, id: SessionId) -> (MutexGuard<'_, Shard>, usize) {
         loop {
             let n = self.in_use.load(Ordering::Acquire);
-            let guard = self.shards[shard_index(key, n)].lock();
+            let guard = self.shards[shard_index(id, n)].lock();
             // The layout changes only under every shard's lock: unchanged now, it holds
             // until this guard is dropped. Changed, the key may live elsewhere: look again.
             if self.in_use.load(Ordering::Acquire) == n {
@@ -686,9 +712,9 @@ impl SessionTable {
     }
 
     /// The session's backend and whether it is bound, unless unknown or idle past the TTL.
-    pub fn get(&self, key: &str) -> Option<(Arc<Backend>, bool)> {
-        let (mut shard, _) = self.lock(key);
-        let entry = shard.map.get(key)?;
+    pub fn get(&self, id: SessionId) -> Option<(Arc<Backend>, bool)> {
+        let (mut shard, _) = self.lock(id);
+        let entry = shard.map.get(&id)?;
         if entry.last_used.elapsed() > self.ttl() {
             let seq = entry.seq;
             self.evict(&mut shard, seq);
@@ -698,9 +724,9 @@ impl SessionTable {
     }
 
     /// A read-only view for the admin API.
-    pub fn view(&self, key: &str) -> Option<SessionView> {
-        let (shard, _) = self.lock(key);
-        let e = shard.map.get(key)?;
+    pub fn view(&self, id: SessionId) -> Option<SessionView> {
+        let (shard, _) = self.lock(id);
+        let e = shard.map.get(&id)?;
         let idle = e.last_used.elapsed();
         (idle <= self.ttl()).then(|| SessionView {
             backend: e.backend.name.to_string(),
@@ -711,10 +737,10 @@ impl SessionTable {
     }
 
     /// Records a placement and refreshes the session's last use.
-    pub fn put(&self, key: &str, backend: &Arc<Backend>, pinned: bool, outcome: Outcome) {
+    pub fn put(&self, id: SessionId, backend: &Arc<Backend>, pinned: bool, outcome: Outcome) {
         let now = Instant::now();
         let ttl = self.ttl();
-        let (mut guard, cap) = self.lock(key);
+        let (mut guard, cap) = self.lock(id);
         let Shard {
             map,
             order,
@@ -722,11 +748,9 @@ impl SessionTable {
         } = &mut *guard;
         let seq = *next_seq;
         *next_seq += 1;
-        match map.get_mut(key) {
+        match map.get_mut(&id) {
             Some(e) => {
-                let k = order
-                    .remove(&e.seq)
-                    .map_or_else(|| Arc::from(key), |(k, _)| k);
+                order.remove(&e.seq);
                 if !Arc::ptr_eq(&e.backend, backend) {
                     e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
                     backend.sessions.fetch_add(1, Ordering::Relaxed);
@@ -740,16 +764,15 @@ impl SessionTable {
                 e.outcome = outcome;
                 e.seq = seq;
                 e.last_used = now;
-                order.insert(seq, (k, now));
+                order.insert(seq, (id, now));
             }
             None => {
-                let k: Arc<str> = Arc::from(key);
                 backend.sessions.fetch_add(1, Ordering::Relaxed);
                 if pinned {
                     self.bound.fetch_add(1, Ordering::Relaxed);
                 }
                 map.insert(
-                    k.clone(),
+                    id,
                     Entry {
                         backend: backend.clone(),
                         pinned,
@@ -758,7 +781,7 @@ impl SessionTable {
                         last_used: now,
                     },
                 );
-                order.insert(seq, (k, now));
+                order.insert(seq, (id, now));
             }
         }
         // Make room and drop what has idled out, oldest first.
@@ -842,6 +865,26 @@ mod tests {
             },
             health: HealthConfig::default(),
         }
+    }
+
+    fn id_of(t: &SessionTable, key: &str) -> SessionId {
+        t.id(&SessionKey::new(key.to_string(), KeySource::Header))
+    }
+
+    /// A session costs the table the same whatever its key's length: the table keeps a
+    /// 16-byte id, equal for equal keys, different for keys that differ only in their last
+    /// byte 60 KiB in, and keyed per table (another table's ids differ).
+    #[test]
+    fn session_ids_have_a_fixed_size_whatever_the_key() {
+        assert_eq!(std::mem::size_of::<SessionId>(), 16);
+        let t = SessionTable::new(10, Duration::from_secs(60));
+        let long = "k".repeat(60 * 1024);
+        let other = format!("{}j", &long[1..]);
+        assert_eq!(id_of(&t, &long), id_of(&t, &long.clone()));
+        assert_ne!(id_of(&t, &long), id_of(&t, &other));
+        let elsewhere = SessionTable::new(10, Duration::from_secs(60));
+        assert_ne!(id_of(&t, "s").tag, id_of(&elsewhere, "s").tag);
+        assert_eq!(id_of(&t, "s").hash, id_of(&elsewhere, "s").hash);
     }
 
     fn router(pool: Pool) -> Router {
@@ -1087,13 +1130,15 @@ mod tests {
         let pool = pool_of(&["a"], 0.0);
         let t = SessionTable::new(3, Duration::from_secs(1800));
         let b = &pool.backends[0];
+        let id = |k: &str| id_of(&t, k);
         for k in ["k1", "k2", "k3"] {
-            t.put(k, b, true, Outcome::Spill);
+            t.put(id(k), b, true, Outcome::Spill);
         }
-        t.put("k1", b, true, Outcome::Bound); // k2 is now the least recently used
-        t.put("k4", b, true, Outcome::Spill);
-        assert!(t.get("k2").is_none());
-        assert!(t.get("k1").is_some() && t.get("k3").is_some() && t.get("k4").is_some());
+        t.put(id("k1"), b, true, Outcome::Bound); // k2 is now the least recently used
+        t.put(id("k4"), b, true, Outcome::Spill);
+        assert!(t.get(id("k2")).is_none());
+        assert!(t.get(id("k1")).is_some() && t.get(id("k3")).is_some());
+        assert!(t.get(id("k4")).is_some());
         assert_eq!(t.len(), 3);
         assert_eq!(t.bound(), 3);
         assert_eq!(b.sessions.load(Ordering::Relaxed), 3);
@@ -1112,7 +1157,7 @@ mod tests {
         let pool = pool_of(&["a", "b"], 0.0);
         let (a, b) = (&pool.backends[0], &pool.backends[1]);
         let t = SessionTable::new(1_000_000, Duration::from_secs(1800));
-        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        let keys: Vec<SessionId> = (0..200).map(|i| id_of(&t, &format!("k{i}"))).collect();
         for (i, k) in keys.iter().enumerate() {
             if i == 150 {
                 // The last 50 are strictly more recent than the rest, even on a coarse clock.
@@ -1120,22 +1165,22 @@ mod tests {
                 while Instant::now() == before {}
             }
             t.put(
-                k,
+                *k,
                 if i % 2 == 0 { a } else { b },
                 i % 4 == 0,
                 Outcome::Spill,
             );
         }
-        let check = |present: &[String]| {
+        let check = |present: &[SessionId]| {
             for k in present {
-                assert!(t.get(k).is_some(), "{k} lost");
+                assert!(t.get(*k).is_some(), "{k:?} lost");
             }
             assert_eq!(t.len(), present.len());
-            let bound = present.iter().filter(|k| t.get(k).unwrap().1).count();
+            let bound = present.iter().filter(|k| t.get(**k).unwrap().1).count();
             assert_eq!(t.bound(), bound as u64);
             let on_a = present
                 .iter()
-                .filter(|k| Arc::ptr_eq(&t.get(k).unwrap().0, a));
+                .filter(|k| Arc::ptr_eq(&t.get(**k).unwrap().0, a));
             assert_eq!(a.sessions.load(Ordering::Relaxed), on_a.count() as i64);
         };
         check(&keys);
@@ -1146,7 +1191,7 @@ mod tests {
         // Down to 1 shard and 50 entries: the 50 most recently used stay.
         t.set_limits(50, Duration::from_secs(1800));
         check(&keys[150..]);
-        assert!(t.get(&keys[149]).is_none());
+        assert!(t.get(keys[149]).is_none());
     }
 
     #[test]
