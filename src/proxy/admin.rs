@@ -113,6 +113,7 @@ fn route(inner: &Inner, req: Request<Incoming>) -> AdminResponse {
     if path == "/metrics" && method == Method::GET {
         let pool = inner.router.pool();
         let stats = inner.recorder.lock().as_ref().map(|r| r.stats());
+        inner.metrics.body_bytes_held(inner.body_budget.held());
         let text = inner.metrics.render(&pool, &inner.router.sessions, stats);
         return respond(StatusCode::OK, "text/plain; version=0.0.4", text);
     }

@@ -27,6 +27,11 @@ pub struct ProxyConfig {
     /// Largest request body accepted; bigger ones get `413`. The body is held for the session
     /// fingerprint and for a retry, so this bounds the proxy's memory per request.
     pub max_request_body_bytes: u64,
+    /// Request body bytes all requests together may hold at once (HTTP/1.1 and HTTP/2), so
+    /// that many clients each sending an allowed body cannot exhaust memory. Bodies are counted
+    /// as their bytes arrive; a body past its first 64 KiB that would take the total over this
+    /// gets `503` with `Retry-After`.
+    pub request_body_budget_bytes: u64,
     /// How long in-flight requests and streams may run after SIGINT/SIGTERM before the proxy exits.
     pub shutdown_grace_secs: u64,
     /// Forwarding threads, each with its own single-threaded runtime and upstream pool, taking
@@ -235,6 +240,7 @@ impl Default for ProxyConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_request_body_bytes: 64 * 1024 * 1024,
+            request_body_budget_bytes: 256 * 1024 * 1024,
             shutdown_grace_secs: 30,
             workers: 0,
             tls: None,
@@ -347,6 +353,12 @@ impl ProxyConfig {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
         if self.max_request_body_bytes == 0 {
             return bad("max_request_body_bytes: must be > 0, got 0".into());
+        }
+        if self.request_body_budget_bytes < self.max_request_body_bytes {
+            return bad(format!(
+                "request_body_budget_bytes: must be >= max_request_body_bytes ({}), got {}",
+                self.max_request_body_bytes, self.request_body_budget_bytes
+            ));
         }
         for (field, value) in [
             ("client.header_timeout_ms", self.client.header_timeout_ms),
@@ -572,6 +584,7 @@ mod tests {
     fn defaults_match_the_documented_values() {
         let c = ProxyConfig::from_toml_str(&base()).unwrap();
         assert_eq!(c.max_request_body_bytes, 64 << 20);
+        assert_eq!(c.request_body_budget_bytes, 256 << 20);
         assert_eq!(c.shutdown_grace_secs, 30);
         assert_eq!(c.affinity.policy, Policy::Session);
         assert_eq!(c.affinity.load_factor, 1.5);
@@ -596,6 +609,10 @@ mod tests {
             (
                 "max_request_body_bytes = 0\n".to_string() + &b,
                 "max_request_body_bytes: must be > 0, got 0",
+            ),
+            (
+                "request_body_budget_bytes = 1000\n".to_string() + &b,
+                "request_body_budget_bytes: must be >= max_request_body_bytes (67108864), got 1000",
             ),
             (
                 format!("[admin]\nlisten = \"0.0.0.0:9464\"\n{b}"),

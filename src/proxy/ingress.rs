@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
+use super::budget::BodyCharge;
 use super::fields::Fields;
 use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
 use super::metrics::ClientTimeout;
@@ -189,6 +190,8 @@ enum Next {
 /// Why a request body could not be read.
 enum BodyError {
     TooLarge,
+    /// Request bodies held by all requests together are at `request_body_budget_bytes`.
+    OverBudget,
     Malformed(H1Error),
     Closed,
     TimedOut,
@@ -296,10 +299,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         };
         let started = Started::now(inner);
         let limit = inner.max_request_body;
-        let body = match self.read_body(&head, limit, deadline).await {
+        // Held until the request has been forwarded (or abandoned): the end of this function.
+        let mut charge = inner.body_budget.charge();
+        let body = match self.read_body(&head, limit, &mut charge, deadline).await {
             Ok(body) => body,
             Err(BodyError::TooLarge) => {
                 let answer = upstream::too_large(inner, limit);
+                self.respond(inner, answer, false, head.version, false, deadline)
+                    .await;
+                self.linger(deadline).await;
+                return Next::Close;
+            }
+            Err(BodyError::OverBudget) => {
+                // What was read is let go now, not when the connection ends; the rest of the
+                // body is not read: answer and close.
+                drop(charge);
+                self.buf = BytesMut::new();
+                let answer = upstream::over_budget(inner);
                 self.respond(inner, answer, false, head.version, false, deadline)
                     .await;
                 self.linger(deadline).await;
@@ -348,6 +364,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 () = self.hung_up() => return Next::Close,
             }
         };
+        drop(charge);
         let keep = keep_alive && !shutdown.is_fired();
         let next = self
             .respond(inner, response, head_request, version, keep, deadline)
@@ -357,11 +374,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         next
     }
 
-    /// Reads the request body whole, within `limit` bytes.
+    /// Reads the request body whole, within `limit` bytes, counting its bytes in `charge` as
+    /// they arrive.
     async fn read_body(
         &mut self,
         head: &RequestHead,
         limit: u64,
+        charge: &mut BodyCharge<'_>,
         deadline: &mut Deadline,
     ) -> Result<Bytes, BodyError> {
         let expects_continue = head.version == Version::HTTP_11
@@ -376,16 +395,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     return Err(BodyError::TooLarge);
                 }
                 let n = n as usize;
+                let arrived = |buf: &BytesMut| buf.len().min(n) as u64;
+                if !charge.try_add(arrived(&self.buf)) {
+                    return Err(BodyError::OverBudget);
+                }
                 if self.buf.len() < n {
                     if expects_continue {
                         self.send_continue(deadline).await?;
                     }
-                    self.buf.reserve(n - self.buf.len());
+                    // The buffer grows as bytes arrive: a declared length reserves nothing.
                     while self.buf.len() < n {
                         self.read_body_part(deadline).await?;
+                        if !charge.try_add(arrived(&self.buf) - charge.bytes()) {
+                            return Err(BodyError::OverBudget);
+                        }
                     }
                 }
-                Ok(self.buf.split_to(n).freeze())
+                let body = self.buf.split_to(n).freeze();
+                if n > COPY_MAX {
+                    // Whatever follows the body shares its allocation: copied out, the next
+                    // request does not keep the body's memory alive once the body is dropped.
+                    self.buf = BytesMut::from(&self.buf[..]);
+                }
+                Ok(body)
             }
             Framing::Chunked => {
                 if expects_continue && self.buf.is_empty() {
@@ -398,6 +430,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                         .map_err(BodyError::Malformed)?;
                     if body.len() as u64 > limit {
                         return Err(BodyError::TooLarge);
+                    }
+                    if !charge.try_add(body.len() as u64 - charge.bytes()) {
+                        return Err(BodyError::OverBudget);
                     }
                     if done {
                         return Ok(body.freeze());

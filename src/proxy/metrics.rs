@@ -114,6 +114,10 @@ pub struct ProxyMetrics {
     /// Time the proxy adds: body received → request handed to the pool, plus response head
     /// received → head handed to the client connection.
     pub overhead: Histogram,
+    /// Requests refused with 503 because request bodies held `request_body_budget_bytes`.
+    body_budget_refusals: Counter,
+    /// Request body bytes held now (set when rendered).
+    body_bytes_held: Gauge,
     /// Requests refused before reaching any backend, by status.
     no_backend: Arc<Mutex<HashMap<u16, Counter>>>,
     bound_sessions: Gauge,
@@ -194,6 +198,10 @@ impl ProxyMetrics {
         let retries = r.register_counter(&key("agentrace_retries_total", vec![]), &META);
         let overhead =
             r.register_histogram(&key("agentrace_proxy_overhead_seconds", vec![]), &META);
+        let body_budget_refusals =
+            r.register_counter(&key("agentrace_body_budget_refusals_total", vec![]), &META);
+        let body_bytes_held =
+            r.register_gauge(&key("agentrace_request_body_bytes_held", vec![]), &META);
         let bound_sessions = r.register_gauge(&key("agentrace_bound_sessions", vec![]), &META);
         let sessions = r.register_gauge(&key("agentrace_sessions", vec![]), &META);
         let reload = |result: &'static str| {
@@ -223,6 +231,8 @@ impl ProxyMetrics {
             decisions: Arc::new(decisions),
             retries,
             overhead,
+            body_budget_refusals,
+            body_bytes_held,
             no_backend: Arc::default(),
             bound_sessions,
             sessions,
@@ -297,6 +307,17 @@ impl ProxyMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// Counts a request refused because request bodies held the whole budget.
+    pub fn body_budget_refused(&self) {
+        self.body_budget_refusals.increment(1);
+    }
+
+    /// Publishes the request body bytes held now (read by the admin listener before a render,
+    /// so the hot path only counts in the budget).
+    pub fn body_bytes_held(&self, bytes: u64) {
+        self.body_bytes_held.set(bytes as f64);
     }
 
     /// Counts a client connection closed by one of the `[client]` limits.
@@ -467,6 +488,16 @@ fn describe(r: &PrometheusRecorder) {
         "agentrace_proxy_overhead_seconds",
         "Time the proxy itself adds to a request.",
         2,
+    );
+    d(
+        "agentrace_body_budget_refusals_total",
+        "Requests refused with 503 because request bodies held request_body_budget_bytes.",
+        0,
+    );
+    d(
+        "agentrace_request_body_bytes_held",
+        "Request body bytes held in memory now, against request_body_budget_bytes.",
+        1,
     );
     d(
         "agentrace_worker_connections",

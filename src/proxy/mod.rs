@@ -7,6 +7,7 @@
 //! `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod fields;
@@ -89,6 +90,8 @@ pub struct Inner {
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Mutex<Option<Recorder>>,
     max_request_body: u64,
+    /// Request body bytes held by all requests together (`request_body_budget_bytes`).
+    body_budget: budget::BodyBudget,
     client_limits: ingress::ClientLimits,
     retries: AtomicU32,
     config: Mutex<ProxyConfig>,
@@ -225,6 +228,7 @@ async fn start_inner(
         sink,
         recorder: Mutex::new(recorder),
         max_request_body: config.max_request_body_bytes,
+        body_budget: budget::BodyBudget::new(config.request_body_budget_bytes),
         client_limits: ingress::ClientLimits::from(&config.client),
         retries: AtomicU32::new(config.upstream.retries),
         config: Mutex::new(config),
@@ -285,10 +289,11 @@ impl Inner {
             || config.admin != current.admin
             || config.capture != current.capture
             || config.max_request_body_bytes != current.max_request_body_bytes
+            || config.request_body_budget_bytes != current.request_body_budget_bytes
             || config.client != current.client
             || config.workers != current.workers
         {
-            tracing::warn!("listen, tls, client, admin, capture, workers and max_request_body_bytes changes need a restart; keeping the running values");
+            tracing::warn!("listen, tls, client, admin, capture, workers, max_request_body_bytes and request_body_budget_bytes changes need a restart; keeping the running values");
         }
         let client = upstream::build_client(&config.upstream, any_https(&config))?;
         let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -315,15 +315,33 @@ async fn read_and_forward(
     if declared.is_some_and(|n| n > limit) {
         return too_large(&inner, limit);
     }
-    // Frame by frame, so that a body that stops arriving is refused like an HTTP/1.1 one.
+    // Frame by frame, so that a body that stops arriving is refused like an HTTP/1.1 one,
+    // and each frame is counted against the body budget as it arrives. Held until the request
+    // has been forwarded: the end of this function.
+    let mut charge = inner.body_budget.charge();
     let mut body = Limited::new(body, limit as usize);
-    let mut chunks: Vec<Bytes> = Vec::new();
+    // A body of one frame is kept as it came; more are gathered in one buffer, so the frames
+    // (and the HTTP/2 connection's buffers under them) are let go as soon as they are copied.
+    let mut first: Option<Bytes> = None;
+    let mut gathered = BytesMut::new();
     loop {
         match tokio::time::timeout(inner.client_limits.body, body.frame()).await {
             Ok(None) => break,
             Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    chunks.push(data);
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if !charge.try_add(data.len() as u64) {
+                    return over_budget(&inner);
+                }
+                match first.take() {
+                    None if gathered.is_empty() => first = Some(data),
+                    earlier => {
+                        if let Some(earlier) = earlier {
+                            gathered.extend_from_slice(&earlier);
+                        }
+                        gathered.extend_from_slice(&data);
+                    }
                 }
             }
             Ok(Some(Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
@@ -348,11 +366,7 @@ async fn read_and_forward(
             }
         }
     }
-    let body = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => Bytes::from(chunks.concat()),
-    };
+    let body = first.unwrap_or_else(|| gathered.freeze());
     let req = ClientRequest {
         headers: WireFields::from_map(&parts.headers),
         method: parts.method,
@@ -570,6 +584,26 @@ pub fn too_large(inner: &Inner, limit: u64) -> Answer {
         "request_too_large",
         &format!("request body exceeds max_request_body_bytes ({limit})"),
     )
+}
+
+/// The answer to a request body that would take the bodies held by all requests past
+/// `request_body_budget_bytes`: the client may send it again shortly.
+pub fn over_budget(inner: &Inner) -> Answer {
+    inner.metrics.body_budget_refused();
+    let mut answer = refuse(
+        inner,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        &format!(
+            "request bodies held by the proxy are at request_body_budget_bytes ({}); retry shortly",
+            inner.body_budget.limit()
+        ),
+    );
+    answer.headers.set(
+        header::RETRY_AFTER,
+        HeaderValue::from(super::budget::RETRY_AFTER_SECS),
+    );
+    answer
 }
 
 #[allow(clippy::too_many_arguments)]

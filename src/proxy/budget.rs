@@ -1,0 +1,126 @@
+//! The process-wide budget for request bodies held in memory.
+//!
+//! Every request body is held whole until its request has been forwarded (for the session
+//! fingerprint and for a retry), and `max_request_body_bytes` bounds only one of them: many
+//! clients each sending an allowed body would otherwise hold that many times the limit. So
+//! bodies are counted against `request_body_budget_bytes` as their bytes arrive (never as a
+//! `Content-Length` declares them), and released when the request is done with them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The first bytes of every body are never refused: small requests keep flowing while large
+/// uploads fill the budget. As much as a request head may take, so that a connection holding
+/// a small body holds no more than one holding a large head.
+pub const ALWAYS_ADMITTED: u64 = 64 * 1024;
+
+/// How long a client refused for the budget is told to wait (`Retry-After`, seconds): bodies
+/// are released as soon as their requests have been forwarded, so room comes back quickly.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// Request body bytes held by all requests together, and the most they may hold.
+#[derive(Debug)]
+pub struct BodyBudget {
+    limit: u64,
+    held: AtomicU64,
+}
+
+impl BodyBudget {
+    /// A budget of `limit` bytes, none held.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            held: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes held now by request bodies.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes bodies may hold together.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// An empty charge for one body, which grows as the body's bytes arrive.
+    pub fn charge(&self) -> BodyCharge<'_> {
+        BodyCharge {
+            budget: self,
+            bytes: 0,
+        }
+    }
+}
+
+/// The bytes one request body holds against the budget; given back when dropped.
+#[derive(Debug)]
+pub struct BodyCharge<'a> {
+    budget: &'a BodyBudget,
+    bytes: u64,
+}
+
+impl BodyCharge<'_> {
+    /// Counts `n` more bytes of this body. Refused (nothing counted) when the body is past
+    /// [`ALWAYS_ADMITTED`] and all bodies together would hold more than the budget. One atomic
+    /// add per call, and one more to take it back only when refused.
+    pub fn try_add(&mut self, n: u64) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let before = self.budget.held.fetch_add(n, Ordering::Relaxed);
+        let total = self.bytes + n;
+        if total > ALWAYS_ADMITTED && before + n > self.budget.limit {
+            self.budget.held.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        self.bytes = total;
+        true
+    }
+
+    /// Bytes counted for this body so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for BodyCharge<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.budget.held.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_past_the_first_bytes_are_refused_only_beyond_the_budget() {
+        let budget = BodyBudget::new(ALWAYS_ADMITTED * 4);
+        let mut large = budget.charge();
+        assert!(large.try_add(ALWAYS_ADMITTED * 3));
+        let mut second = budget.charge();
+        assert!(second.try_add(ALWAYS_ADMITTED / 2));
+        assert!(!second.try_add(ALWAYS_ADMITTED), "past the budget");
+        assert_eq!(
+            second.bytes(),
+            ALWAYS_ADMITTED / 2,
+            "a refusal counts nothing"
+        );
+        assert_eq!(budget.held(), ALWAYS_ADMITTED * 7 / 2);
+
+        // A small body fits even with the budget full.
+        assert!(large.try_add(ALWAYS_ADMITTED / 2));
+        let mut small = budget.charge();
+        assert!(small.try_add(ALWAYS_ADMITTED));
+        assert!(!small.try_add(1));
+        assert_eq!(budget.held(), ALWAYS_ADMITTED * 5);
+
+        drop(large);
+        drop(small);
+        assert_eq!(budget.held(), ALWAYS_ADMITTED / 2);
+        drop(second);
+        assert_eq!(budget.held(), 0);
+    }
+}

@@ -1,0 +1,245 @@
+//! The request bodies all clients send at once are bounded together, not only one by one.
+//!
+//! Invariants, on HTTP/1.1 and on HTTP/2: a body is counted against
+//! `request_body_budget_bytes` as its bytes arrive, never as its `Content-Length` declares
+//! it; a large body that would take the bytes held past the budget gets 503 with
+//! `Retry-After` (on HTTP/1.1 the connection then closes, as the rest of the body is unread)
+//! and never reaches a backend; small requests are served while the budget is full; a body is
+//! given back once its request has been forwarded, and the refused request then succeeds.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use support::backends::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const KIB: usize = 1024;
+/// Budget and body limit of the proxies under test.
+const BUDGET: usize = 1024 * KIB;
+
+fn budget_config(backend: &TestBackend) -> agentrace::proxy::ProxyConfig {
+    let mut config = config_for(&[backend]);
+    config.max_request_body_bytes = BUDGET as u64;
+    config.request_body_budget_bytes = BUDGET as u64;
+    config
+}
+
+/// The value of an unlabelled series in the Prometheus text.
+fn series(metrics: &str, name: &str) -> u64 {
+    let prefix = format!("{name} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
+}
+
+/// Waits (up to 10 s) until the proxy holds exactly `bytes` of request bodies.
+async fn wait_held(proxy: &TestProxy, bytes: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = series(&proxy.metrics().await, "agentrace_request_body_bytes_held");
+        if held == bytes as u64 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy holds {held} body bytes, expected {bytes}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// -------------------------------------------------------------------------------------------
+// HTTP/1.1, raw
+
+fn head(length: usize) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n\
+         content-length: {length}\r\n\r\n"
+    )
+}
+
+/// A response read off the wire: status, head text, body.
+async fn read_response(stream: &mut TcpStream) -> (u16, String, Vec<u8>) {
+    let read = async {
+        let mut got = Vec::new();
+        let end = loop {
+            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut buf = [0u8; 4096];
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before a response head");
+            got.extend_from_slice(&buf[..n]);
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+        let status = head[9..12].parse().unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let mut body = got[end..].to_vec();
+        while body.len() < length {
+            let mut buf = [0u8; 4096];
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed within a response body");
+            body.extend_from_slice(&buf[..n]);
+        }
+        (status, head, body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("a response within 10 s")
+}
+
+async fn post_whole(addr: SocketAddr, length: usize) -> (u16, String, TcpStream) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head(length).as_bytes()).await.unwrap();
+    // The proxy may answer and close before taking all of it.
+    let _ = stream.write_all(&vec![b' '; length]).await;
+    let (status, head, _) = read_response(&mut stream).await;
+    (status, head, stream)
+}
+
+#[tokio::test]
+async fn http1_bodies_held_at_once_stay_within_the_budget() {
+    let a = TestBackend::spawn("a").await;
+    let proxy = start_proxy(budget_config(&a)).await;
+
+    // A large upload, three quarters sent: counted as it arrived, not as declared.
+    let mut large = TcpStream::connect(proxy.addr).await.unwrap();
+    large.write_all(head(BUDGET).as_bytes()).await.unwrap();
+    large.write_all(&vec![b' '; BUDGET * 3 / 4]).await.unwrap();
+    wait_held(&proxy, BUDGET * 3 / 4).await;
+
+    // A second large body does not fit beside it: 503, Retry-After, closed, no backend.
+    let (status, head, mut refused) = post_whole(proxy.addr, BUDGET / 2).await;
+    assert_eq!(status, 503, "{head}");
+    assert!(head.contains("retry-after: 1\r\n"), "{head}");
+    assert!(head.contains("connection: close\r\n"), "{head}");
+    refused.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), refused.read_to_end(&mut rest));
+    assert!(matches!(closed.await, Ok(Ok(0))), "closed after the 503");
+    assert_eq!(a.hits(), 0);
+    let metrics = proxy.metrics().await;
+    assert_eq!(series(&metrics, "agentrace_body_budget_refusals_total"), 1);
+    assert!(series(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
+
+    // A small request is served meanwhile.
+    let small = fetch(
+        &client(),
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[("x-session-id", "small")],
+        vec![b' '; 4 * KIB],
+    )
+    .await;
+    assert_eq!(small.0, 200);
+
+    // The large upload completes and is forwarded whole; its bytes are then given back.
+    large.write_all(&vec![b' '; BUDGET / 4]).await.unwrap();
+    let (status, _, body) = read_response(&mut large).await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["request_bytes"], BUDGET);
+    wait_held(&proxy, 0).await;
+
+    // The refused body now fits.
+    let (status, head, _) = post_whole(proxy.addr, BUDGET / 2).await;
+    assert_eq!(status, 200, "{head}");
+    proxy.shutdown().await;
+}
+
+// -------------------------------------------------------------------------------------------
+// HTTP/2 (h2c)
+
+type H2Sender = hyper::client::conn::http2::SendRequest<BoxBody<Bytes, BoxError>>;
+
+fn h2_request(body: BoxBody<Bytes, BoxError>) -> http::Request<BoxBody<Bytes, BoxError>> {
+    http::Request::post("http://proxy/v1/chat/completions")
+        .body(body)
+        .unwrap()
+}
+
+fn whole(length: usize) -> BoxBody<Bytes, BoxError> {
+    Full::new(Bytes::from(vec![b' '; length]))
+        .map_err(|e| match e {})
+        .boxed()
+}
+
+async fn h2_status(send: &mut H2Sender, length: usize) -> http::Response<hyper::body::Incoming> {
+    let resp = send.send_request(h2_request(whole(length)));
+    tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("a response within 10 s")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn http2_bodies_held_at_once_stay_within_the_budget() {
+    let a = TestBackend::spawn("a").await;
+    let proxy = start_proxy(budget_config(&a)).await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+
+    // A large upload, three quarters sent in 16 KiB frames, on one stream of the connection.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    let large =
+        tokio::spawn(send.send_request(h2_request(BodyExt::boxed(StreamBody::new(stream)))));
+    let frame = || Ok(Frame::data(Bytes::from(vec![b' '; 16 * KIB])));
+    for _ in 0..(BUDGET * 3 / 4) / (16 * KIB) {
+        tx.send(frame()).await.unwrap();
+    }
+    wait_held(&proxy, BUDGET * 3 / 4).await;
+
+    // A second large body on another stream does not fit beside it: 503 with Retry-After.
+    let refused = h2_status(&mut send, BUDGET / 2).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(a.hits(), 0);
+    let metrics = proxy.metrics().await;
+    assert_eq!(series(&metrics, "agentrace_body_budget_refusals_total"), 1);
+    assert!(series(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
+
+    // A small request on the same connection is served meanwhile.
+    assert_eq!(h2_status(&mut send, 4 * KIB).await.status(), 200);
+
+    // The large upload completes and is forwarded whole; its bytes are then given back.
+    for _ in 0..(BUDGET / 4) / (16 * KIB) {
+        tx.send(frame()).await.unwrap();
+    }
+    drop(tx);
+    let resp = tokio::time::timeout(Duration::from_secs(10), large)
+        .await
+        .expect("a response within 10 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["request_bytes"], BUDGET);
+    wait_held(&proxy, 0).await;
+
+    // The refused body now fits.
+    assert_eq!(h2_status(&mut send, BUDGET / 2).await.status(), 200);
+    proxy.shutdown().await;
+}
