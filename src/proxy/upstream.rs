@@ -476,7 +476,8 @@ pub async fn forward(
                 }
                 tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
                 if let Some(sink) = &inner.sink {
-                    let observer = sink.start(exchange(&backend));
+                    let mut observer = sink.start(exchange(&backend));
+                    std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
                 }
                 return refuse(
@@ -525,6 +526,7 @@ pub async fn forward(
     let mut observed = ObservedBody {
         inner: incoming,
         pending,
+        ended: false,
         exchange: Some(Exchange {
             backend,
             _in_flight: in_flight,
@@ -537,6 +539,9 @@ pub async fn forward(
     };
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
+        if let Some(observer) = observed.exchange.as_mut().and_then(|e| e.observer.as_mut()) {
+            std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
+        }
         if let Some(exchange) = observed.exchange.take() {
             BackendMetrics::observe(
                 &exchange.backend.metrics.ttfb,
@@ -705,8 +710,11 @@ pin_project! {
     pub struct ObservedBody {
         // First, so that dropped early it ends the exchange before the connection closes.
         exchange: Option<Exchange>,
-        // A frame read ahead of the head (bodies of known length), forwarded first.
+        // A frame read ahead of the head (bodies of known length), forwarded first; also the
+        // last frame while the observer is not ready for the end.
         pending: Option<Result<Frame<Bytes>, BoxError>>,
+        // The inner body ended while the observer was not ready for the end.
+        ended: bool,
         #[pin]
         inner: UpstreamBody,
     }
@@ -726,8 +734,26 @@ impl HttpBody for ObservedBody {
         };
         let item = match this.pending.take() {
             Some(item) => Some(item),
+            None if *this.ended => None,
             None => std::task::ready!(this.inner.as_mut().poll_frame(cx)),
         };
+        // The exchange ends with this item: a recorder that waits for room (`full_policy =
+        // "block"`) holds it back here, slowing this response only, never the thread.
+        let last = match &item {
+            Some(Ok(_)) => this.inner.is_end_stream(),
+            _ => true,
+        };
+        if last {
+            if let Some(observer) = exchange.observer.as_mut() {
+                if observer.poll_ready(cx).is_pending() {
+                    match item {
+                        Some(item) => *this.pending = Some(item),
+                        None => *this.ended = true,
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
         match item {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
