@@ -509,6 +509,10 @@ pub async fn idle_conns(ctx: &Ctx, bin: &Path, run: Run) -> Run {
             })
         })
         .collect();
+    // Descriptors while every connection is held: fewer than the connections made means some
+    // still wait in the listen queue, not yet accepted.
+    tokio::time::sleep_until(deadline - Duration::from_millis(200).min(hold)).await;
+    let fds_held = crate::procfs::fd_count(s.proxy.pid).unwrap_or(0);
     let (mut tally, mut connect_ms) = (Tally::default(), Vec::new());
     for t in tasks {
         let (what, ms) = t.await.unwrap();
@@ -529,5 +533,7 @@ pub async fn idle_conns(ctx: &Ctx, bin: &Path, run: Run) -> Run {
     s.run
         .num("connects over 1 s (SYN retransmitted)", slow as f64, "");
     s.run.text("attackers got", tally.text());
+    s.run
+        .num("proxy fds while all were held", fds_held as f64, "");
     s.end().await
 }

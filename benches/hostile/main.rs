@@ -318,7 +318,7 @@ fn title(attack: &str, a: &Args) -> String {
         "baseline" => format!("baseline: the probe alone, {} s at {} req/s", a.baseline_secs, a.probe_rate),
         "session-keys" => format!(
             "session-keys: {} requests, each with a unique {} KiB X-Session-ID, over {} keep-alive connections",
-            a.session_requests, a.session_key_kib, a.session_conns
+            report::fmt_num(a.session_requests as f64), a.session_key_kib, a.session_conns
         ),
         "big-bodies" => format!(
             "big-bodies: {} connections each POSTing a {} MiB chat completion at full speed",
@@ -330,15 +330,15 @@ fn title(attack: &str, a: &Args) -> String {
         ),
         "slowloris" => format!(
             "slowloris: {} connections sending a request head one byte a second, for {} s",
-            a.slowloris_conns, a.slowloris_secs
+            report::fmt_num(a.slowloris_conns as f64), a.slowloris_secs
         ),
         "idle-conns" => format!(
             "idle-conns: {} connections opened at once, held idle {} s",
-            a.idle_conns, a.idle_secs
+            report::fmt_num(a.idle_conns as f64), a.idle_secs
         ),
         "h2-idle-no-ack" => format!(
             "h2-idle-no-ack: {} h2c connections that never acknowledge a PING, client.idle_timeout_ms = {}, watched {} s past it",
-            a.h2_idle_conns, a.h2_idle_timeout_ms, a.h2_idle_grace_secs
+            report::fmt_num(a.h2_idle_conns as f64), a.h2_idle_timeout_ms, a.h2_idle_grace_secs
         ),
         "h2-rapid-reset" => format!(
             "h2-rapid-reset: {} h2c connections sending chat completions in batches of {}, each reset 2-5 ms later, for {} s",
@@ -364,6 +364,7 @@ fn write_json(path: &Path, args: &Args, runs: &[Run]) {
     let doc = serde_json::json!({
         "bin": args.bin.display().to_string(),
         "compare": args.compare.as_ref().map(|p| p.display().to_string()),
+        "command": std::env::args().collect::<Vec<_>>(),
         "runs": runs.iter().map(Run::to_json).collect::<Vec<_>>(),
     });
     std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap())

@@ -203,7 +203,7 @@ impl Session {
         let alive = procfs::status_kib(pid, "VmRSS").is_some();
         let run = &mut self.run;
         let mib = |kib: u64| kib as f64 / 1024.0;
-        let peak = peaks.hwm_kib.max(peaks.rss_kib);
+        let peak = peaks.hwm_kib.max(peaks.rss_kib).max(rss_end);
         run.num("proxy RSS at start", mib(self.rss_start_kib), "MiB");
         run.num("proxy RSS peak", mib(peak), "MiB");
         run.num(
