@@ -1,7 +1,8 @@
 //! The recorder inside a real proxy, in front of the simulator or a scripted upstream: a
 //! 20-turn session round-trips capture → export → validate → replay, streams still pass event
-//! by event, a proxy killed with SIGKILL leaves every flushed record readable, and an
-//! unwritable capture directory never stops forwarding.
+//! by event, a proxy killed with SIGKILL leaves every flushed record readable, an
+//! unwritable capture directory never stops forwarding, and a full queue under the `block`
+//! policy slows only the exchanges that wait for room.
 
 mod support;
 
@@ -340,6 +341,101 @@ async fn unwritable_capture_directory_keeps_the_proxy_forwarding() {
     stop.fire();
     proxy.join().await;
     sim.join().await;
+}
+
+/// Sends one streaming chat request of `session` on a client (and so a connection) of its
+/// own: the receiver fires once the `[DONE]` event has arrived, the task ends with the whole
+/// body once the response has ended.
+fn stream_on_own_connection(
+    url: &str,
+    session: &str,
+) -> (
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::task::JoinHandle<Vec<u8>>,
+) {
+    use http_body_util::BodyExt;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let body = serde_json::json!({"model": "m", "stream": true, "max_completion_tokens": 8,
+        "messages": [{"role": "user", "content": format!("hello from {session}")}]});
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .header("x-session-id", session)
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        let mut done_tx = Some(done_tx);
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                got.extend_from_slice(&data);
+            }
+            if contains(&got, b"[DONE]") {
+                if let Some(tx) = done_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        got
+    });
+    (done_rx, task)
+}
+
+/// `full_policy = "block"` waits for room on the exchange whose record does not fit, never on
+/// the forwarding thread: with one worker, a one-record queue and the writer held (as a stuck
+/// disk would hold it), responses whose records wait still deliver every event, a new client
+/// on the same worker is still served, and once the writer moves every record is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_policy_waits_on_the_exchange_never_on_the_worker_thread() {
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(shutdown.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let rec = agentrace::capture::Recorder::start(&agentrace::capture::CaptureConfig {
+        queue_capacity: 1,
+        full_policy: agentrace::capture::FullPolicy::Block,
+        ..config(dir.path())
+    })
+    .unwrap();
+    let mut proxy_cfg = proxy_config(&sim.addrs());
+    proxy_cfg.workers = 1;
+    let proxy = agentrace::proxy::start_with_sink(proxy_cfg, shutdown, rec.sink.clone())
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1/chat/completions", proxy.addr);
+    let hold = rec.hold_writer();
+    // The writer takes the first record and is held with it: the queue's one slot stays taken.
+    let (_, first) = stream_on_own_connection(&url, "first");
+    let body = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the first exchange found room and ends")
+        .unwrap();
+    assert!(contains(&body, b"[DONE]"));
+    let mut waiting = Vec::new();
+    for session in ["second", "third", "probe"] {
+        let (done, task) = stream_on_own_connection(&url, session);
+        tokio::time::timeout(Duration::from_secs(20), done)
+            .await
+            .unwrap_or_else(|_| panic!("{session}: no [DONE] in 20 s: the worker thread is stuck"))
+            .unwrap();
+        waiting.push(task);
+    }
+    drop(hold);
+    for task in waiting {
+        let body = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("a waiting exchange ends once the writer makes room")
+            .unwrap();
+        assert!(contains(&body, b"[DONE]"));
+    }
+    stop.fire();
+    proxy.join().await;
+    sim.join().await;
+    rec.finish().await;
+    let capture = reader::read_dir(dir.path()).unwrap();
+    assert_eq!(capture.exchanges.len(), 4);
+    assert_eq!(capture.dropped, 0);
 }
 
 // Open-loop replay: captured requests are sent in recorded start order, none before its due

@@ -269,7 +269,7 @@ async fn records_reach_the_file_within_a_flush_interval_without_shutdown() {
 
 // Full queue, `drop` policy: with a one-record queue and a slow compressor, records are
 // dropped, and every one is counted in the stats and in the segment's `dropped` lines; with
-// `block` nothing is dropped.
+// `block` (each exchange's end waiting for room, as the proxy's body does) nothing is dropped.
 #[tokio::test]
 async fn full_queue_drops_are_all_counted_and_block_drops_none() {
     let body = Bytes::from(
@@ -290,7 +290,10 @@ async fn full_queue_drops_are_all_counted_and_block_drops_none() {
         for _ in 0..n {
             let mut ex = FakeExchange::chat(None, Vec::new(), "x");
             ex.body = body.clone();
-            drive(rec.sink.as_ref(), &ex);
+            match policy {
+                FullPolicy::Drop => drive(rec.sink.as_ref(), &ex),
+                FullPolicy::Block => drive_waiting(rec.sink.as_ref(), &ex).await,
+            }
         }
         let stats_before_finish = rec.stats();
         rec.finish().await;

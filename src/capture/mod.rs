@@ -25,7 +25,9 @@ use crate::proxy::tap::ExchangeSink;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FullPolicy {
-    /// Wait for room, up to the queue's memory bound, then drop.
+    /// The end of the response waits for room (that exchange only; the thread serves other
+    /// connections meanwhile). An exchange whose client went away cannot wait: its record is
+    /// dropped when the queue is full.
     Block,
     /// Drop the record at once (counted and logged).
     Drop,
@@ -54,8 +56,8 @@ pub struct CaptureConfig {
     /// Bytes of request and response bodies the recorder may hold at once (in flight and
     /// queued); beyond it records are dropped whatever the policy.
     pub memory_bound_bytes: u64,
-    /// What a full queue does: `drop` at once, or `block` the forwarding call for room while
-    /// the memory bound allows.
+    /// What a full queue does: `drop` the record at once, or `block`: hold back the end of
+    /// that response until the writer makes room.
     pub full_policy: FullPolicy,
     /// Longest time written data stays in memory before it reaches the file (milliseconds);
     /// a killed proxy loses at most this much.
@@ -249,8 +251,31 @@ impl Recorder {
             writer,
         } = self;
         drop(sink);
-        shared.close_async().await;
+        shared.close();
         writer.join().await;
+    }
+
+    /// For tests: while the returned guard lives, the writer takes no record off the queue,
+    /// as a writer stuck on a slow disk would; the queue then fills and the full policy acts.
+    #[doc(hidden)]
+    pub fn hold_writer(&self) -> WriterHold {
+        *self.shared.hold.lock() = true;
+        WriterHold {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Keeps the writer from taking records until dropped (see [`Recorder::hold_writer`]).
+#[doc(hidden)]
+pub struct WriterHold {
+    shared: Arc<sink::Shared>,
+}
+
+impl Drop for WriterHold {
+    fn drop(&mut self) {
+        *self.shared.hold.lock() = false;
+        self.shared.hold_changed.notify_all();
     }
 }
 

@@ -1,13 +1,18 @@
 //! The tap's side of the recorder: observers keep `Bytes` handles (refcount bumps, never
 //! copies) and hand one record per exchange to a bounded queue; a full queue or an exhausted
-//! memory bound drops the record and counts it, so forwarding is never slowed.
+//! memory bound drops the record and counts it, so forwarding is never slowed. Under the
+//! `block` policy a full queue instead holds back the end of that one response (through
+//! [`ExchangeObserver::poll_ready`]) until the writer makes room; no thread ever waits.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tokio_util::sync::PollSemaphore;
 
 use super::{CaptureConfig, FullPolicy};
 use crate::proxy::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart};
@@ -29,8 +34,17 @@ pub(crate) struct Shared {
     /// Body bytes held by observers and the queue; never above `memory_bound`.
     pub held_bytes: AtomicU64,
     pub memory_bound: u64,
+    /// One permit per record the queue may hold (`queue_capacity`): a record takes one before
+    /// it is sent, the writer gives it back once the record is written. A semaphore rather
+    /// than a bounded channel, so that the `block` policy can wait for room asynchronously
+    /// while the writer thread keeps its blocking receive with a timeout.
+    pub slots: Arc<Semaphore>,
     closed: AtomicBool,
-    tx: SyncSender<Msg>,
+    /// Unbounded by itself; every `Exchange` on it holds a slot.
+    tx: Sender<Msg>,
+    /// Held by tests to keep the writer from taking records, as a stuck disk would.
+    pub(crate) hold: parking_lot::Mutex<bool>,
+    pub(crate) hold_changed: parking_lot::Condvar,
 }
 
 /// What travels from the sink to the writer.
@@ -63,15 +77,20 @@ pub(crate) struct Queue {
     pub shared: Arc<Shared>,
 }
 
-/// Creates the queue for `config`: a bounded channel of `queue_capacity` records.
+/// Creates the queue for `config`: a channel with `queue_capacity` slots.
 pub(crate) fn queue(config: &CaptureConfig) -> (Queue, Receiver<Msg>) {
-    let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
+    let (tx, rx) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared {
         counters: Counters::default(),
         held_bytes: AtomicU64::new(0),
         memory_bound: config.memory_bound_bytes,
+        slots: Arc::new(Semaphore::new(
+            config.queue_capacity.min(Semaphore::MAX_PERMITS),
+        )),
         closed: AtomicBool::new(false),
         tx,
+        hold: parking_lot::Mutex::new(false),
+        hold_changed: parking_lot::Condvar::new(),
     });
     (Queue { shared }, rx)
 }
@@ -110,17 +129,26 @@ impl Shared {
     }
 
     /// Stops accepting records and tells the writer to finish once it has written the
-    /// records queued before. Blocks while the queue is full (called off the runtime).
+    /// records queued before; exchanges waiting for room give up (their records are counted
+    /// as dropped). Never blocks: `Close` needs no slot.
     pub fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
+            self.slots.close();
             let _ = self.tx.send(Msg::Close);
         }
     }
 
-    /// `close` without blocking a runtime thread.
-    pub async fn close_async(self: &Arc<Self>) {
-        let shared = self.clone();
-        let _ = tokio::task::spawn_blocking(move || shared.close()).await;
+    /// Gives back the slot of a record the writer has taken off the queue.
+    pub fn slot_freed(&self) {
+        self.slots.add_permits(1);
+    }
+
+    /// Blocks the writer thread while a test holds it (see `Recorder::hold_writer`).
+    pub(crate) fn wait_while_held(&self) {
+        let mut held = self.hold.lock();
+        while *held {
+            self.hold_changed.wait(&mut held);
+        }
     }
 }
 
@@ -169,6 +197,8 @@ impl ExchangeSink for RecorderSink {
                 held,
             })),
             spare: 0,
+            slot: None,
+            waiting: None,
         })
     }
 }
@@ -181,6 +211,10 @@ struct Observer {
     /// Bytes reserved against the memory bound but not used yet: frames are counted in
     /// chunks, not one shared atomic update per frame.
     spare: u64,
+    /// Under `block`: the queue slot this record will take, once `poll_ready` got one.
+    slot: Option<OwnedSemaphorePermit>,
+    /// Under `block`: the wait for a slot, kept across polls.
+    waiting: Option<PollSemaphore>,
 }
 
 impl Observer {
@@ -204,6 +238,24 @@ impl Observer {
 }
 
 impl ExchangeObserver for Observer {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.policy != FullPolicy::Block || self.slot.is_some() || self.captured.is_none() {
+            return Poll::Ready(());
+        }
+        let waiting = self
+            .waiting
+            .get_or_insert_with(|| PollSemaphore::new(self.shared.slots.clone()));
+        match waiting.poll_acquire(cx) {
+            Poll::Pending => Poll::Pending,
+            // `None`: the recorder is closing; `end` counts the record as dropped.
+            Poll::Ready(permit) => {
+                self.slot = permit;
+                self.waiting = None;
+                Poll::Ready(())
+            }
+        }
+    }
+
     fn response_head(&mut self, status: http::StatusCode, headers: &http::HeaderMap, at: Instant) {
         if let Some(c) = self.captured.as_mut() {
             c.head = Some((status, headers.clone(), at));
@@ -245,7 +297,7 @@ impl ExchangeObserver for Observer {
         };
         c.end = end;
         c.end_at = at;
-        send(&self.shared, self.policy, c);
+        send(&self.shared, c, self.slot.take());
     }
 }
 
@@ -258,26 +310,26 @@ impl Drop for Observer {
     }
 }
 
-fn send(shared: &Shared, policy: FullPolicy, captured: Box<Captured>) {
+/// Queues a finished record in `slot`, or in a free slot taken now; with neither, or once the
+/// recorder is closing, the record is dropped and counted.
+fn send(shared: &Shared, captured: Box<Captured>, slot: Option<OwnedSemaphorePermit>) {
     if shared.closed.load(Ordering::Acquire) {
         shared.dropped(captured);
         return;
     }
-    match shared.tx.try_send(Msg::Exchange(captured)) {
-        Ok(()) => {}
-        Err(TrySendError::Full(Msg::Exchange(c))) => match policy {
-            FullPolicy::Drop => shared.dropped(c),
-            // The bytes are already within the memory bound; wait for the writer thread
-            // (which never waits on the runtime) to make room.
-            FullPolicy::Block => {
-                if let Err(std::sync::mpsc::SendError(Msg::Exchange(c))) =
-                    shared.tx.send(Msg::Exchange(c))
-                {
-                    shared.dropped(c);
-                }
+    match slot {
+        Some(permit) => permit.forget(),
+        None => match shared.slots.try_acquire() {
+            Ok(permit) => permit.forget(),
+            Err(_) => {
+                shared.dropped(captured);
+                return;
             }
         },
-        Err(TrySendError::Disconnected(Msg::Exchange(c))) => shared.dropped(c),
-        Err(_) => {}
+    }
+    if let Err(std::sync::mpsc::SendError(Msg::Exchange(c))) =
+        shared.tx.send(Msg::Exchange(captured))
+    {
+        shared.dropped(c);
     }
 }

@@ -137,7 +137,13 @@ impl Writer {
         let mut next_tick = Instant::now() + interval;
         loop {
             match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-                Ok(Msg::Exchange(c)) => self.exchange(c),
+                Ok(Msg::Exchange(c)) => {
+                    self.shared.wait_while_held();
+                    self.exchange(c);
+                    // The slot is free once the record is written, not when it is received:
+                    // `queue_capacity` bounds the records waiting for the disk.
+                    self.shared.slot_freed();
+                }
                 Ok(Msg::Close) | Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {}
             }
@@ -147,7 +153,17 @@ impl Writer {
                 next_tick = now + interval;
             }
         }
-        // Records sent after `Close` are counted as dropped by the sink; none are left here.
+        // A record that passed the sink's `closed` check just before `Close` was sent lands
+        // behind it: it is counted as dropped like those the sink refused.
+        while let Ok(msg) = rx.try_recv() {
+            if let Msg::Exchange(c) = msg {
+                self.shared.release(c.held);
+                self.shared
+                    .counters
+                    .records_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.report_drops();
         self.close_segment();
         self.log_errors();

@@ -70,6 +70,176 @@ pub fn text(value: &[u8]) -> Option<&str> {
         .flatten()
 }
 
+/// Whether `b` may appear in a token (RFC 9110 §5.6.2): a field name, a method, a coding.
+pub fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Whether `s` is a token: one or more [`is_tchar`] bytes.
+pub fn is_token(s: &[u8]) -> bool {
+    !s.is_empty() && s.iter().all(|&b| is_tchar(b))
+}
+
+/// Whether `value` is a `Host` (RFC 9110 §7.2): `uri-host [ ":" port ]`, the host an RFC 3986
+/// reg-name, IPv4 address or bracketed IP literal. Two forms the grammar allows are refused,
+/// since parsers read them differently: an empty host, and a colon with no port or a port that
+/// is not 1 to 5 digits up to 65535.
+pub fn is_valid_host(value: &[u8]) -> bool {
+    let (host_ok, port) = if let Some(literal) = value.strip_prefix(b"[") {
+        let Some(end) = memchr::memchr(b']', literal) else {
+            return false;
+        };
+        let port = match &literal[end + 1..] {
+            [] => None,
+            [b':', port @ ..] => Some(port),
+            _ => return false,
+        };
+        (is_ip_literal(&literal[..end]), port)
+    } else {
+        match memchr::memchr(b':', value) {
+            Some(at) => (is_reg_name(&value[..at]), Some(&value[at + 1..])),
+            None => (is_reg_name(value), None),
+        }
+    };
+    host_ok
+        && port.is_none_or(|p| {
+            (1..=5).contains(&p.len())
+                && p.iter().all(u8::is_ascii_digit)
+                && p.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) <= 65535
+        })
+}
+
+/// `reg-name = *( unreserved / pct-encoded / sub-delims )` (RFC 3986 §3.2.2), not empty. An
+/// IPv4 address is one too.
+fn is_reg_name(s: &[u8]) -> bool {
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'%' if s.len() > i + 2
+                && s[i + 1].is_ascii_hexdigit()
+                && s[i + 2].is_ascii_hexdigit() =>
+            {
+                i += 3;
+                continue;
+            }
+            b if is_unreserved(b) || is_sub_delim(b) => {}
+            _ => return false,
+        }
+        i += 1;
+    }
+    !s.is_empty()
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~".contains(&b)
+}
+
+fn is_sub_delim(b: u8) -> bool {
+    b"!$&'()*+,;=".contains(&b)
+}
+
+/// What RFC 3986 allows within brackets: an IPv6 address or `v<hex>.<text>` (IPvFuture).
+fn is_ip_literal(s: &[u8]) -> bool {
+    if let [b'v' | b'V', rest @ ..] = s {
+        let Some(dot) = memchr::memchr(b'.', rest) else {
+            return false;
+        };
+        let (version, text) = (&rest[..dot], &rest[dot + 1..]);
+        return !version.is_empty()
+            && version.iter().all(u8::is_ascii_hexdigit)
+            && !text.is_empty()
+            && text
+                .iter()
+                .all(|&b| is_unreserved(b) || is_sub_delim(b) || b == b':');
+    }
+    std::str::from_utf8(s).is_ok_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok())
+}
+
+/// Appends `value` as an RFC 9110 quoted-string, `"` and `\` escaped, so that nothing in it can
+/// end the string early; `value` is field text (see [`text`]).
+pub fn put_quoted(out: &mut BytesMut, value: &[u8]) {
+    out.extend_from_slice(b"\"");
+    for part in value.split_inclusive(|&b| b == b'"' || b == b'\\') {
+        match part.split_last() {
+            Some((&last, head)) if last == b'"' || last == b'\\' => {
+                out.extend_from_slice(head);
+                out.extend_from_slice(&[b'\\', last]);
+            }
+            _ => out.extend_from_slice(part),
+        }
+    }
+    out.extend_from_slice(b"\"");
+}
+
+/// Whether `value` is a well-formed `Forwarded` list (RFC 7239 §4): elements split by commas,
+/// each of `;`-separated `token=value` pairs, the value a token or a quoted-string that is
+/// closed. Only such a list can be continued by appending an element after a comma: an open
+/// quote would swallow what the proxy appends. Whitespace is allowed around `,` and `;`.
+pub fn is_forwarded_list(value: &[u8]) -> bool {
+    let mut i = 0;
+    let skip_ws = |i: &mut usize| {
+        while value.get(*i).is_some_and(|&b| b == b' ' || b == b'\t') {
+            *i += 1;
+        }
+    };
+    loop {
+        skip_ws(&mut i);
+        match value.get(i) {
+            None => return true,
+            Some(b',' | b';') => {
+                i += 1;
+                continue;
+            }
+            Some(_) => {}
+        }
+        let name = i;
+        while value.get(i).is_some_and(|&b| is_tchar(b)) {
+            i += 1;
+        }
+        if i == name || value.get(i) != Some(&b'=') {
+            return false;
+        }
+        i += 1;
+        match quoted_len(&value[i..]) {
+            Some(len) => i += len,
+            None => {
+                let start = i;
+                while value.get(i).is_some_and(|&b| is_tchar(b)) {
+                    i += 1;
+                }
+                if i == start {
+                    return false;
+                }
+            }
+        }
+        skip_ws(&mut i);
+        if !matches!(value.get(i), None | Some(b',' | b';')) {
+            return false;
+        }
+    }
+}
+
+/// The length of the quoted-string that `s` starts with (RFC 9110 §5.6.4), quotes included;
+/// `None` when `s` does not start with one or it is never closed.
+pub fn quoted_len(s: &[u8]) -> Option<usize> {
+    if s.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
+    while let Some(&b) = s.get(i) {
+        match b {
+            b'"' => return Some(i + 1),
+            b'\\' => match s.get(i + 1) {
+                Some(&q) if q == b'\t' || q >= b' ' && q != 0x7f => i += 2,
+                _ => return None,
+            },
+            b'\t' | b' '..=b'~' | 0x80.. => i += 1,
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Where a field's name and value lie in its head: offset and length of each.
 pub type Span = (u32, u32, u32, u32);
 
@@ -332,5 +502,87 @@ mod tests {
         .to_map();
         assert_eq!(m.len(), 1);
         assert_eq!(m["ok"], "1");
+    }
+
+    #[test]
+    fn hosts_follow_rfc_3986_and_nothing_looser() {
+        for ok in [
+            "a",
+            "proxy.test:8080",
+            "127.0.0.1",
+            "[::1]",
+            "[2001:db8::1]:443",
+            "[v1.fe80::a+en1]",
+            "xn--bcher-kva.example",
+            "a%2Fb",
+            "a,b",
+            "a:65535",
+        ] {
+            assert!(is_valid_host(ok.as_bytes()), "{ok:?} refused");
+        }
+        for bad in [
+            "",
+            ":80",
+            "a b",
+            "a\"",
+            "a\";for=6.6.6.6;x=\"",
+            "a:",
+            "a:65536",
+            "a:123456",
+            "a:8o",
+            "a:1:2",
+            "user@a",
+            "a/b",
+            "a?b",
+            "a#b",
+            "%zz",
+            "a%2",
+            "[::1",
+            "[::1]x",
+            "[not-ip]",
+            "[v.x]",
+            "::1",
+            "\u{e9}.example",
+        ] {
+            assert!(!is_valid_host(bad.as_bytes()), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn quoted_strings_escape_what_would_end_them() {
+        let quoted = |s: &str| {
+            let mut out = BytesMut::new();
+            put_quoted(&mut out, s.as_bytes());
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        assert_eq!(quoted("proxy.test"), "\"proxy.test\"");
+        assert_eq!(quoted("a\";x=\"\\"), "\"a\\\";x=\\\"\\\\\"");
+        assert_eq!(quoted_len(quoted("a\";b\\").as_bytes()), Some(9));
+    }
+
+    #[test]
+    fn only_well_formed_forwarded_lists_can_be_continued() {
+        for ok in [
+            "for=192.0.2.43",
+            "for=192.0.2.43, for=198.51.100.17",
+            "for=\"[2001:db8:cafe::17]:4711\";proto=https",
+            "for=a;by=b;host=\"x,y\", for=c",
+            "for=\"\\\"quoted\\\"\"",
+            "for=a ; proto=http",
+        ] {
+            assert!(is_forwarded_list(ok.as_bytes()), "{ok:?} refused");
+        }
+        for bad in [
+            "for=6.6.6.6;x=\"",
+            "for=\"unclosed",
+            "for",
+            "=a",
+            "for= a",
+            "for=a b",
+            "for=a\"b\"",
+            "for=\"a\"b",
+        ] {
+            assert!(!is_forwarded_list(bad.as_bytes()), "{bad:?} accepted");
+        }
     }
 }

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::HeaderValue;
 use http::{Method, StatusCode, Uri, Version};
 
-use super::fields::{Fields, Span, WireFields};
+use super::fields::{self, Fields, Span, WireFields};
 
 /// The largest request or response head accepted (larger: 431, or an upstream error).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -180,10 +180,14 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
         .head()
         .slice(target as usize..(target + target_len) as usize);
     let uri = Uri::from_maybe_shared(target).map_err(|_| H1Error::Invalid("request target"))?;
-    // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
+    // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1, at most one in HTTP/1.0. An empty one
+    // is refused too: the RFC allows it only for a target without an authority, which no
+    // request the proxy forwards is.
     match seen.hosts {
         0 if version == Version::HTTP_11 => return Err(H1Error::Invalid("Host (missing)")),
-        0 | 1 => {}
+        0 => {}
+        1 if headers.first("host").is_some_and(fields::is_valid_host) => {}
+        1 => return Err(H1Error::Invalid("Host (not host[:port])")),
         _ => return Err(H1Error::Invalid("Host (more than one)")),
     }
     let framing = request_framing(&headers, seen)?;

@@ -1,5 +1,9 @@
 //! The seam between the proxy's data path and the recorder: the proxy reports what passes
-//! through it to an [`ExchangeSink`], which must never block or slow forwarding.
+//! through it to an [`ExchangeSink`], which must never block a thread. The one way a sink
+//! may slow forwarding is [`ExchangeObserver::poll_ready`], which holds back the end of one
+//! response on that response's own task.
+
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -62,6 +66,14 @@ pub trait ExchangeSink: Send + Sync + 'static {
 
 /// Follows one exchange's response. Every method must be cheap and non-blocking.
 pub trait ExchangeObserver: Send + 'static {
+    /// Polled before `end` where the exchange can still wait (the response body's last poll):
+    /// `Pending` holds back the end of this response until the observer has room for its
+    /// record, and wakes `cx` then. Always ready unless the sink chose to wait (the
+    /// recorder's `full_policy = "block"`). An exchange that ends without it (client gone)
+    /// cannot wait, and its observer must not.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
     /// The response head arrived from the backend.
     fn response_head(&mut self, status: http::StatusCode, headers: &http::HeaderMap, at: Instant);
     /// A response body frame was forwarded to the client (a refcount bump, not a copy).

@@ -296,7 +296,33 @@ pub async fn handle(
     req: Request<Incoming>,
     client: Arc<ClientConn>,
 ) -> Response<ProxyBody> {
+    if let Some(refused) = refused_head(&inner, &req) {
+        return refused.into_response();
+    }
     read_and_forward(inner, req, client).await.into_response()
+}
+
+/// The answer to an HTTP/2 request whose head HTTP/1.1 ingress would refuse too: an
+/// `:authority` or `Host` that is not a valid host, or more than one `Host` (400).
+fn refused_head(inner: &Inner, req: &Request<Incoming>) -> Option<Answer> {
+    let authority_ok = req
+        .uri()
+        .authority()
+        .is_none_or(|a| fields::is_valid_host(a.as_str().as_bytes()));
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host_ok = match (hosts.next(), hosts.next()) {
+        (None, _) => true,
+        (Some(host), None) => fields::is_valid_host(host.as_bytes()),
+        (Some(_), Some(_)) => false,
+    };
+    (!(authority_ok && host_ok)).then(|| {
+        refuse(
+            inner,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "invalid :authority or Host (one host[:port] is expected)",
+        )
+    })
 }
 
 async fn read_and_forward(
@@ -490,7 +516,8 @@ pub async fn forward(
                 }
                 tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
                 if let Some(sink) = &inner.sink {
-                    let observer = sink.start(exchange(&backend));
+                    let mut observer = sink.start(exchange(&backend));
+                    std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
                 }
                 return refuse(
@@ -539,6 +566,7 @@ pub async fn forward(
     let mut observed = ObservedBody {
         inner: incoming,
         pending,
+        ended: false,
         exchange: Some(Exchange {
             backend,
             _in_flight: in_flight,
@@ -551,6 +579,9 @@ pub async fn forward(
     };
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
+        if let Some(observer) = observed.exchange.as_mut().and_then(|e| e.observer.as_mut()) {
+            std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
+        }
         if let Some(exchange) = observed.exchange.take() {
             BackendMetrics::observe(
                 &exchange.backend.metrics.ttfb,
@@ -643,31 +674,41 @@ fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
+/// Every line of an earlier `X-Forwarded-For` or `Forwarded` is continued, in order; a chain
+/// with a line that cannot be continued safely (not text; for `Forwarded`, not a well-formed
+/// list) is replaced by this hop's element alone. The host is the target's authority (an
+/// absolute-form target, HTTP/2's `:authority`), else `Host` (RFC 9112 §3.2.2), and is written
+/// only when it is a valid host: quoted in `Forwarded`, and in `X-Forwarded-Host` only without a
+/// comma, which there would read as a second hop.
 fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
     // One pass over the names finds every field read below.
-    let (mut xff, mut forwarded_prev, mut xfh, mut host) = (None, None, false, None);
+    let (mut xff, mut forwarded_prev, mut xfh, mut host) = (false, false, false, None);
     for (name, value) in h.pairs() {
         let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
         match name.len() {
             4 if is("host") => host = host.or(Some(value)),
-            9 if is("forwarded") => forwarded_prev = forwarded_prev.or(Some(value)),
-            15 if is("x-forwarded-for") => xff = xff.or(Some(value)),
+            9 if is("forwarded") => forwarded_prev = true,
+            15 if is("x-forwarded-for") => xff = true,
             16 if is("x-forwarded-host") => xfh = true,
             _ => {}
         }
     }
-    let host = match host {
-        Some(value) => fields::text(value),
-        None => uri.authority().map(|a| a.as_str()),
-    };
+    let host = match uri.authority() {
+        Some(authority) => Some(authority.as_str().as_bytes()),
+        None => host,
+    }
+    .filter(|host| fields::is_valid_host(host));
     let proto = if client.tls { "https" } else { "http" };
     let mut added = Vec::with_capacity(4);
-    let xff = match xff {
-        Some(prev) => fields::text(prev).and_then(|prev| {
-            let ip = client.ip.to_str().unwrap_or_default();
-            HeaderValue::from_str(&format!("{prev}, {ip}")).ok()
-        }),
-        None => Some(client.ip.clone()),
+    let xff = if xff {
+        let mut list = bytes::BytesMut::with_capacity(64);
+        put_earlier_hops(&mut list, h.values_of("x-forwarded-for"), |line| {
+            fields::text(line).is_some()
+        });
+        list.extend_from_slice(client.ip.as_bytes());
+        HeaderValue::from_maybe_shared(list.freeze()).ok()
+    } else {
+        Some(client.ip.clone())
     };
     if let Some(v) = xff {
         added.push((X_FORWARDED_FOR, v));
@@ -675,19 +716,21 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
     added.push((X_FORWARDED_PROTO, HeaderValue::from_static(proto)));
     // Built where the header value will live: one allocation.
     let mut forwarded = bytes::BytesMut::with_capacity(96);
-    if let Some(prev) = forwarded_prev.and_then(fields::text) {
-        forwarded.extend_from_slice(prev.as_bytes());
-        forwarded.extend_from_slice(b", ");
+    if forwarded_prev {
+        put_earlier_hops(
+            &mut forwarded,
+            h.values_of("forwarded"),
+            fields::is_forwarded_list,
+        );
     }
     forwarded.extend_from_slice(client.forwarded_for.as_bytes());
     forwarded.extend_from_slice(b";proto=");
     forwarded.extend_from_slice(proto.as_bytes());
     if let Some(host) = host {
-        forwarded.extend_from_slice(b";host=\"");
-        forwarded.extend_from_slice(host.as_bytes());
-        forwarded.extend_from_slice(b"\"");
-        if !xfh {
-            if let Ok(v) = HeaderValue::from_str(host) {
+        forwarded.extend_from_slice(b";host=");
+        fields::put_quoted(&mut forwarded, host);
+        if !xfh && !host.contains(&b',') {
+            if let Ok(v) = HeaderValue::from_bytes(host) {
                 added.push((X_FORWARDED_HOST, v));
             }
         }
@@ -696,6 +739,28 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
         added.push((header::FORWARDED, v));
     }
     added
+}
+
+/// Appends the lines of a list field an earlier hop wrote, in order, each followed by `, ` so
+/// that this hop's element comes next; appends nothing if any line is not `valid`.
+fn put_earlier_hops<'a>(
+    out: &mut bytes::BytesMut,
+    lines: impl Iterator<Item = &'a [u8]>,
+    valid: impl Fn(&[u8]) -> bool,
+) {
+    let start = out.len();
+    for line in lines {
+        let line = line.trim_ascii();
+        if line.is_empty() {
+            continue;
+        }
+        if !valid(line) {
+            out.truncate(start);
+            return;
+        }
+        out.extend_from_slice(line);
+        out.extend_from_slice(b", ");
+    }
 }
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
@@ -739,8 +804,11 @@ pin_project! {
     pub struct ObservedBody {
         // First, so that dropped early it ends the exchange before the connection closes.
         exchange: Option<Exchange>,
-        // A frame read ahead of the head (bodies of known length), forwarded first.
+        // A frame read ahead of the head (bodies of known length), forwarded first; also the
+        // last frame while the observer is not ready for the end.
         pending: Option<Result<Frame<Bytes>, BoxError>>,
+        // The inner body ended while the observer was not ready for the end.
+        ended: bool,
         #[pin]
         inner: UpstreamBody,
     }
@@ -760,8 +828,26 @@ impl HttpBody for ObservedBody {
         };
         let item = match this.pending.take() {
             Some(item) => Some(item),
+            None if *this.ended => None,
             None => std::task::ready!(this.inner.as_mut().poll_frame(cx)),
         };
+        // The exchange ends with this item: a recorder that waits for room (`full_policy =
+        // "block"`) holds it back here, slowing this response only, never the thread.
+        let last = match &item {
+            Some(Ok(_)) => this.inner.is_end_stream(),
+            _ => true,
+        };
+        if last {
+            if let Some(observer) = exchange.observer.as_mut() {
+                if observer.poll_ready(cx).is_pending() {
+                    match item {
+                        Some(item) => *this.pending = Some(item),
+                        None => *this.ended = true,
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
         match item {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -938,6 +1024,76 @@ mod tests {
         assert_eq!(
             map["forwarded"],
             "for=192.0.2.7;proto=http;host=\"proxy.local\""
+        );
+    }
+
+    fn forwarded_for(pairs: &[(&str, &str)], uri: &'static str) -> HeaderMap {
+        let fields =
+            WireFields::from_pairs(pairs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+        forward_headers(
+            fields,
+            &Uri::from_static(uri),
+            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
+        )
+        .to_map()
+    }
+
+    /// Nothing a client sends can add an element to `Forwarded` or a host to
+    /// `X-Forwarded-Host`: a host that is not one is left out, and the host is quoted.
+    #[test]
+    fn client_values_cannot_inject_forwarded_elements() {
+        // As HTTP/2 could hand it over, had the head not been refused.
+        let out = forwarded_for(&[("host", "a\";for=6.6.6.6;x=\"")], "/");
+        assert_eq!(out["forwarded"], "for=192.0.2.7;proto=http");
+        assert!(!out.contains_key("x-forwarded-host"), "{out:?}");
+        // Sub-delimiters are valid in a host, and stay inside the quotes.
+        let out = forwarded_for(&[("host", "a;for=6.6.6.6,b")], "/");
+        assert_eq!(
+            out["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"a;for=6.6.6.6,b\""
+        );
+        assert!(
+            !out.contains_key("x-forwarded-host"),
+            "a comma would read as a second hop: {out:?}"
+        );
+        // An earlier Forwarded with an open quote would swallow this hop's element.
+        let out = forwarded_for(&[("host", "p"), ("forwarded", "for=6.6.6.6;x=\"")], "/");
+        assert_eq!(out["forwarded"], "for=192.0.2.7;proto=http;host=\"p\"");
+    }
+
+    /// Every line of an earlier hop's list is continued, in order.
+    #[test]
+    fn several_forwarding_lines_are_combined() {
+        let out = forwarded_for(
+            &[
+                ("host", "p"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("forwarded", "for=10.0.0.1"),
+                ("X-Forwarded-For", "10.0.0.2, 10.0.0.3"),
+                ("Forwarded", "for=10.0.0.2;proto=https"),
+            ],
+            "/",
+        );
+        assert_eq!(
+            out["x-forwarded-for"],
+            "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7"
+        );
+        assert_eq!(
+            out["forwarded"],
+            "for=10.0.0.1, for=10.0.0.2;proto=https, for=192.0.2.7;proto=http;host=\"p\""
+        );
+        assert_eq!(out.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(out.get_all("forwarded").iter().count(), 1);
+    }
+
+    /// An absolute-form target (or HTTP/2's `:authority`) names the host, not `Host`.
+    #[test]
+    fn the_target_authority_governs_over_host() {
+        let out = forwarded_for(&[("host", "other.test")], "http://origin.test:8080/v1");
+        assert_eq!(out["x-forwarded-host"], "origin.test:8080");
+        assert_eq!(
+            out["forwarded"],
+            "for=192.0.2.7;proto=http;host=\"origin.test:8080\""
         );
     }
 

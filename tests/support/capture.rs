@@ -76,6 +76,23 @@ pub fn sse_reply(text: &str) -> Vec<Bytes> {
 
 /// Pushes `ex` through `sink` as the proxy would: start, head, every frame, end.
 pub fn drive(sink: &dyn ExchangeSink, ex: &FakeExchange) {
+    let (obs, end_at) = drive_to_end(sink, ex);
+    obs.end(ExchangeEnd::Complete, end_at);
+}
+
+/// [`drive`], waiting for the observer to be ready before the end as the proxy's response
+/// body does (the `block` policy's wait for room).
+pub async fn drive_waiting(sink: &dyn ExchangeSink, ex: &FakeExchange) {
+    let (mut obs, end_at) = drive_to_end(sink, ex);
+    std::future::poll_fn(|cx| obs.poll_ready(cx)).await;
+    obs.end(ExchangeEnd::Complete, end_at);
+}
+
+/// Everything of [`drive`] but the end: the observer and the end's time.
+fn drive_to_end(
+    sink: &dyn ExchangeSink,
+    ex: &FakeExchange,
+) -> (Box<dyn agentrace::proxy::tap::ExchangeObserver>, Instant) {
     let started = Instant::now();
     let mut headers = http::HeaderMap::new();
     for (k, v) in &ex.headers {
@@ -119,7 +136,7 @@ pub fn drive(sink: &dyn ExchangeSink, ex: &FakeExchange) {
         let at = ex.duration / 10 + (ex.duration * 8 / 10) * (i as u32 + 1) / n;
         obs.response_frame(f, started + at);
     }
-    obs.end(ExchangeEnd::Complete, started + ex.duration);
+    (obs, started + ex.duration)
 }
 
 /// Request bodies of an agent session: each turn resends the whole history plus a new
@@ -388,6 +405,15 @@ pub async fn start_proxy(
     capture: Option<CaptureConfig>,
     shutdown: agentrace::shutdown::Shutdown,
 ) -> agentrace::proxy::ProxyHandle {
+    let mut config = proxy_config(backends);
+    if let Some(c) = capture {
+        config.capture = c;
+    }
+    agentrace::proxy::start(config, shutdown).await.unwrap()
+}
+
+/// The config of a proxy on `127.0.0.1:0` in front of `backends`, recording nothing.
+pub fn proxy_config(backends: &[std::net::SocketAddr]) -> agentrace::proxy::ProxyConfig {
     let mut config = agentrace::proxy::ProxyConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         ..Default::default()
@@ -403,10 +429,7 @@ pub async fn start_proxy(
             weight: 1.0,
         })
         .collect();
-    if let Some(c) = capture {
-        config.capture = c;
-    }
-    agentrace::proxy::start(config, shutdown).await.unwrap()
+    config
 }
 
 /// A plain HTTP/1.1 client.
