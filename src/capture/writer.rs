@@ -379,7 +379,8 @@ impl Writer {
         }
     }
 
-    /// Keeps this request body as its session's next delta base, within a memory budget.
+    /// Keeps this request body as its session's next delta base; bases and their keys stay
+    /// within `memory_bound_bytes`, the least recently used going first.
     fn remember(&mut self, c: &Captured) {
         let Some(key) = c.start.session_key.as_ref() else {
             return;
@@ -391,14 +392,16 @@ impl Writer {
             Bytes::new()
         };
         self.session_bytes += body.len() as u64;
-        if let Some(old) = self.sessions.insert(
+        match self.sessions.insert(
             key.clone(),
             SessionBase {
                 body,
                 last_use: self.uses,
             },
         ) {
-            self.session_bytes -= old.body.len() as u64;
+            Some(old) => self.session_bytes -= old.body.len() as u64,
+            // The key is held too, and a client may make it as long as a header (64 KiB).
+            None => self.session_bytes += key.len() as u64,
         }
         while self.session_bytes > self.shared.memory_bound && self.sessions.len() > 1 {
             let oldest = self
@@ -406,8 +409,8 @@ impl Writer {
                 .iter()
                 .min_by_key(|(_, b)| b.last_use)
                 .map(|(k, _)| k.clone());
-            if let Some(k) = oldest.and_then(|k| self.sessions.remove(&k)) {
-                self.session_bytes -= k.body.len() as u64;
+            if let Some((k, base)) = oldest.and_then(|k| self.sessions.remove_entry(&k)) {
+                self.session_bytes -= (k.len() + base.body.len()) as u64;
             }
         }
     }
@@ -582,6 +585,54 @@ fn sse_event_frames(frames: &[Bytes]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The delta bases the writer keeps per session stay within `memory_bound_bytes` with
+    /// their keys counted: a client that sends a new 60 KiB session key with every small
+    /// request cannot grow them past the bound.
+    #[test]
+    fn session_bases_count_their_keys_against_the_memory_bound() {
+        let config = CaptureConfig {
+            memory_bound_bytes: 1024 * 1024,
+            ..CaptureConfig::default()
+        };
+        let (queue, _rx) = super::super::sink::queue(&config);
+        let mut writer = Writer::new(config, queue.shared);
+        let now = tokio::time::Instant::now();
+        for i in 0..100 {
+            let mut key = format!("{i:08}-");
+            key.extend(std::iter::repeat_n('k', 60 * 1024 - key.len()));
+            let body = Bytes::from_static(b"{}");
+            writer.remember(&Captured {
+                id: i,
+                start: crate::proxy::tap::ExchangeStart {
+                    session_key: Some(key),
+                    key_source: crate::proxy::tap::KeySource::Header,
+                    backend: "a".into(),
+                    started_unix_ns: 0,
+                    started_at: now,
+                    request_received_at: now,
+                    method: http::Method::POST,
+                    path_and_query: "/v1/chat/completions".into(),
+                    request_headers: http::HeaderMap::new(),
+                    request_body: body.clone(),
+                },
+                request_len: body.len(),
+                head: None,
+                frame_times: Vec::new(),
+                frames: Vec::new(),
+                end: ExchangeEnd::Complete,
+                end_at: now,
+                drop_reason: None,
+                held: 0,
+            });
+        }
+        let kept: usize = writer.sessions.keys().map(|k| k.len() + 2).sum();
+        assert!(kept <= 1024 * 1024, "{kept} bytes of session bases kept");
+        assert_eq!(writer.session_bytes, kept as u64);
+        assert!(writer
+            .sessions
+            .contains_key(&format!("{:08}-{}", 99, "k".repeat(60 * 1024 - 9))));
+    }
 
     #[test]
     fn sse_events_are_stamped_with_the_frame_that_completes_them() {
