@@ -11,7 +11,8 @@
 //! responses are re-framed for the client, whose connection stays reusable, and another
 //! transfer coding gets 502 instead of reaching the client as coded bytes; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
-//! backend closed is replaced on the same backend instead of failing over; `Connection: close`
+//! backend closed is replaced on the same backend instead of failing over; a backend's interim
+//! responses are capped, and a client that hangs up during them cancels the request; `Connection: close`
 //! from the client closes after the response; a client that sends nothing, stalls in a head or
 //! a body, or idles past the idle timeout is closed (with 408 when a request was under way),
 //! while a backend may take longer than every client time limit.
@@ -1351,4 +1352,132 @@ fn largest_send_buffer() -> usize {
         .ok()
         .and_then(|v| v.split_whitespace().nth(2)?.parse().ok())
         .unwrap_or(4 * 1024 * 1024)
+}
+
+// -------------------------------------------------------------------------------------------
+// Interim responses
+
+/// What an [`InterimBackend`] saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// A whole request arrived; the interim responses start.
+    Request,
+    /// The proxy closed the connection.
+    Closed,
+}
+
+/// A backend on `127.0.0.1:0` that answers every request with `100 Continue` and `103 Early
+/// Hints` heads and never a final one; it reports each request and each connection the proxy
+/// closes.
+struct InterimBackend {
+    addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Seen>,
+}
+
+impl InterimBackend {
+    /// `endless`: interim heads in large batches for as long as the proxy reads them, so it
+    /// always has more to read; otherwise three, then silence until the proxy closes.
+    async fn spawn(endless: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, seen) = mpsc::unbounded_channel();
+        let mut batch = Vec::new();
+        while batch.len() < if endless { 64 * 1024 } else { 1 } {
+            batch.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            batch.extend_from_slice(
+                b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n",
+            );
+        }
+        let batch = Arc::new(batch);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (tx, batch) = (tx.clone(), batch.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    if read_raw_request(&mut stream, &mut buf).await.is_none() {
+                        return;
+                    }
+                    let _ = tx.send(Seen::Request);
+                    if endless {
+                        while stream.write_all(&batch).await.is_ok() {}
+                    } else if stream.write_all(&batch).await.is_ok() {
+                        while matches!(stream.read(&mut [0u8; 1024]).await, Ok(n) if n > 0) {}
+                    }
+                    let _ = tx.send(Seen::Closed);
+                });
+            }
+        });
+        Self { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn next(&mut self) -> Seen {
+        guarded("the interim backend's next event", self.seen.recv())
+            .await
+            .expect("backend task alive")
+    }
+}
+
+/// A backend's requests in flight as `/metrics` reports them.
+async fn in_flight(proxy: &TestProxy, backend: &str) -> u64 {
+    let metrics = proxy.metrics().await;
+    let series = format!("agentrace_in_flight{{backend=\"{backend}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
+}
+
+const POST_EMPTY_OBJECT: &str =
+    "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 2\r\n\r\n{}";
+
+/// A backend that answers with interim responses and never a final one gets no more than the
+/// cap of them: the client gets a 502, the backend's connection is closed (not pooled), and
+/// nothing stays in flight.
+#[tokio::test]
+async fn an_endless_run_of_interim_responses_gets_502_and_the_connection_closed() {
+    let mut storm = InterimBackend::spawn(true).await;
+    let proxy = start_proxy(config_over(&[("storm", storm.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(POST_EMPTY_OBJECT).await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 502, "{reply:?}");
+    assert_eq!(
+        reply.header("x-agentrace-error").as_deref(),
+        Some("upstream_error")
+    );
+    assert!(
+        text(&reply.body).contains("interim"),
+        "{}",
+        text(&reply.body)
+    );
+    assert_eq!(storm.next().await, Seen::Request);
+    assert_eq!(storm.next().await, Seen::Closed);
+    assert_eq!(in_flight(&proxy, "storm").await, 0);
+    proxy.shutdown().await;
+}
+
+/// A client that hangs up while its backend is in interim responses cancels the upstream
+/// request, as any other disconnect does: the backend sees its connection closed and nothing
+/// stays in flight. (Fewer interim responses than the cap, so only the hang-up ends them.)
+#[tokio::test]
+async fn a_client_that_hangs_up_during_interim_responses_cancels_the_upstream_request() {
+    let mut interim = InterimBackend::spawn(false).await;
+    let proxy = start_proxy(config_over(&[("interim", interim.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(POST_EMPTY_OBJECT).await;
+    assert_eq!(interim.next().await, Seen::Request);
+    drop(client);
+    assert_eq!(interim.next().await, Seen::Closed);
+    guarded("the request to leave the in-flight count", async {
+        while in_flight(&proxy, "interim").await != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    proxy.shutdown().await;
 }

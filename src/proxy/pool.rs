@@ -35,6 +35,13 @@ use crate::http_body::BoxError;
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
 const COPY_BODY_MAX: usize = 16 * 1024;
 
+/// Interim (1xx) responses taken before a request's final one. A backend has use for a few at
+/// most (`103 Early Hints`; `100 Continue` to an `Expect` the proxy never forwards); unbounded,
+/// one that sends them endlessly would hold the request, its connection and a share of a core
+/// for as long as it liked. hyper passes every one on and nginx skips any number; 32 leaves
+/// room for any real use and ends a storm within a read or two.
+const MAX_INTERIM_RESPONSES: usize = 32;
+
 /// Why a request got no response head.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -293,6 +300,7 @@ impl WorkerPool {
         }
         let head_request = req.method == Method::HEAD;
         let mut received = false;
+        let mut interim = 0;
         let head = loop {
             match h1::parse_response(&mut conn.buf, head_request) {
                 Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
@@ -301,7 +309,19 @@ impl WorkerPool {
                     )))
                 }
                 // Interim responses (100, 103) are not forwarded; the final one follows.
-                Ok(Some(head)) if head.status.is_informational() => continue,
+                Ok(Some(head)) if head.status.is_informational() => {
+                    interim += 1;
+                    if interim > MAX_INTERIM_RESPONSES {
+                        return Err(Failure::Other(PoolError::Send(
+                            format!(
+                                "the backend sent more than {MAX_INTERIM_RESPONSES} interim (1xx) \
+                                 responses without a final one"
+                            )
+                            .into(),
+                        )));
+                    }
+                    continue;
+                }
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(e) => return Err(Failure::Other(PoolError::Send(Box::new(e)))),
