@@ -1,7 +1,8 @@
 //! The forwarding path through a real proxy: streaming, failures, health, the tap, shutdown.
 //!
 //! Invariants: each SSE event reaches the client before the backend writes the next; a failure
-//! before the first byte is retried on the session's next choice (and the session rebinds);
+//! before the first byte is retried on the session's next choice (and the session rebinds) when
+//! the request may be sent again (a GET);
 //! after the first byte it is never retried and an SSE stream ends with an error event; a
 //! client that goes away cancels the upstream request; failing probes eject a backend and
 //! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
@@ -189,8 +190,9 @@ async fn client_disconnect_before_the_response_cancels_upstream() {
     proxy.shutdown().await;
 }
 
-/// A backend that drops the connection before answering: the request is retried on the
-/// session's next choice, the session rebinds there, and the retry is counted.
+/// A backend that drops the connection before answering a GET (safe to send twice): the
+/// request is retried on the session's next choice, the session rebinds there, and the retry
+/// is counted.
 #[tokio::test]
 async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     let a = TestBackend::spawn("a").await;
@@ -211,10 +213,10 @@ async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     home_b.set_mode(Mode::Drop);
     let (status, headers, body) = fetch(
         &client,
-        "POST",
-        &proxy.url("/v1/chat/completions"),
+        "GET",
+        &proxy.url("/v1/models"),
         &[("x-session-id", key)],
-        "{\"x\":1}",
+        "",
     )
     .await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
@@ -231,7 +233,10 @@ async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     .await;
     assert_eq!(served_by(&headers), other.name());
     let metrics = proxy.metrics().await;
-    assert!(metrics.contains("agentrace_retries_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("agentrace_retries_total{reason=\"after_send\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("outcome=\"failover\"} 1"), "{metrics}");
     assert!(metrics.contains("outcome=\"bound\"} 1"), "{metrics}");
     proxy.shutdown().await;

@@ -53,6 +53,35 @@ impl ErrorKind {
     }
 }
 
+/// Why a request was sent to the next backend (the `reason` label of the retry counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// No connection could be made.
+    Connect,
+    /// The request provably did not reach the backend whole (the write failed).
+    NotSent,
+    /// The backend had the request whole and closed without answering (safe methods, or
+    /// `upstream.retry_after_send`): it may be generated twice.
+    AfterSend,
+}
+
+const RETRY_REASONS: [RetryReason; 3] = [
+    RetryReason::Connect,
+    RetryReason::NotSent,
+    RetryReason::AfterSend,
+];
+
+impl RetryReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Connect => "connect",
+            RetryReason::NotSent => "not_sent",
+            RetryReason::AfterSend => "after_send",
+        }
+    }
+}
+
 /// Which client-side limit (`[client]`) closed a connection (the `limit` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientTimeout {
@@ -109,8 +138,8 @@ pub struct ProxyMetrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
     decisions: Arc<Vec<Counter>>,
-    /// Retries on another backend before any response byte.
-    pub retries: Counter,
+    /// Retries on another backend before any response byte, by [`RETRY_REASONS`].
+    retries: Arc<Vec<Counter>>,
     /// Time the proxy adds: body received → request handed to the pool, plus response head
     /// received → head handed to the client connection.
     pub overhead: Histogram,
@@ -191,7 +220,18 @@ impl ProxyMetrics {
                 ));
             }
         }
-        let retries = r.register_counter(&key("agentrace_retries_total", vec![]), &META);
+        let retries = RETRY_REASONS
+            .iter()
+            .map(|reason| {
+                r.register_counter(
+                    &key(
+                        "agentrace_retries_total",
+                        vec![Label::new("reason", reason.as_str())],
+                    ),
+                    &META,
+                )
+            })
+            .collect();
         let overhead =
             r.register_histogram(&key("agentrace_proxy_overhead_seconds", vec![]), &META);
         let bound_sessions = r.register_gauge(&key("agentrace_bound_sessions", vec![]), &META);
@@ -221,7 +261,7 @@ impl ProxyMetrics {
         Self {
             handle,
             decisions: Arc::new(decisions),
-            retries,
+            retries: Arc::new(retries),
             overhead,
             no_backend: Arc::default(),
             bound_sessions,
@@ -297,6 +337,12 @@ impl ProxyMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// Counts a retry on the next backend.
+    pub fn retry(&self, reason: RetryReason) {
+        let i = RETRY_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.retries[i].increment(1);
     }
 
     /// Counts a client connection closed by one of the `[client]` limits.
@@ -455,7 +501,7 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_retries_total",
-        "Retries on another backend before any response byte.",
+        "Retries on another backend before any response byte, by reason (connect, not_sent, after_send).",
         0,
     );
     d(
