@@ -121,8 +121,8 @@ pub struct UpstreamConfig {
     /// Idle keep-alive connections kept per backend by each forwarding worker.
     pub pool_max_idle_per_backend: usize,
     /// Retries on another backend when a request fails before any response byte: always when
-    /// it provably did not reach the backend (connect failed, the write failed), after a send
-    /// with no answer only as `retry_after_send` says.
+    /// it provably did not reach the backend (connect failed, the write failed, an HTTP/2
+    /// stream refused), after a send with no answer only as `retry_after_send` says.
     pub retries: u32,
     /// Whether a request the backend received whole and closed on without a response byte may
     /// be sent again (to a fresh connection, or the next backend). Off, only safe methods (GET,

@@ -58,7 +58,7 @@ impl ErrorKind {
 pub enum RetryReason {
     /// No connection could be made.
     Connect,
-    /// The request provably did not reach the backend whole (the write failed).
+    /// The request provably did not reach the backend whole (write failed, stream refused).
     NotSent,
     /// The backend had the request whole and closed without answering (safe methods, or
     /// `upstream.retry_after_send`): it may be generated twice.

@@ -53,7 +53,9 @@ const MAX_INTERIM_RESPONSES: usize = 32;
 ///   (the head's final blank line, the whole `Content-Length` body), though it may have
 ///   received a prefix. A pooled connection found closed or readable before the write is
 ///   not used at all ([`WorkerPool::send`]).
-/// - on HTTP/2, hyper handed the request back unsent: [`PoolError::NotSent`].
+/// - on HTTP/2, hyper handed the request back unsent, the backend refused the stream with
+///   `REFUSED_STREAM`, or its `GOAWAY` named a last stream below this one (RFC 9113 §8.7:
+///   both mean it did no processing): [`PoolError::NotSent`].
 ///
 /// Anything else is after the send: the request went out whole and the connection closed,
 /// reset or failed before any response byte ([`PoolError::NoResponse`]; the backend may be
@@ -67,13 +69,13 @@ pub enum PoolError {
     #[error("connect: {0}")]
     Connect(String),
     /// The request provably did not reach the backend whole.
-    #[error("{0}")]
+    #[error(transparent)]
     NotSent(BoxError),
     /// The request was sent whole; the connection ended before any response byte.
-    #[error("{0}")]
+    #[error(transparent)]
     NoResponse(BoxError),
     /// Response bytes arrived, but no final response head the proxy can forward.
-    #[error("{0}")]
+    #[error(transparent)]
     BadResponse(BoxError),
     /// The request could not be put together for this backend.
     #[error("bad upstream request: {0}")]
@@ -436,14 +438,15 @@ impl WorkerPool {
             Err(mut e) => {
                 // hyper hands the request back when it never reached the connection.
                 let handed_back = e.take_message().is_some();
-                if send.is_closed() {
+                let e = e.into_error();
+                let refused = h2_refusal(&e);
+                if send.is_closed() || refused == Some(H2Refusal::GoAway) {
                     self.forget_h2(key);
                 }
-                let e = Box::new(e.into_error());
-                Err(if handed_back {
-                    PoolError::NotSent(e)
+                Err(if handed_back || refused.is_some() {
+                    PoolError::NotSent(Box::new(e))
                 } else {
-                    PoolError::NoResponse(e)
+                    PoolError::NoResponse(Box::new(e))
                 })
             }
         }
@@ -574,6 +577,36 @@ fn slot_of<'a>(slots: &'a mut Vec<(Key, Slot)>, key: &Key) -> &'a mut Slot {
         }
     };
     &mut slots[at].1
+}
+
+/// How an HTTP/2 backend said it did not process a stream (RFC 9113 §8.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum H2Refusal {
+    /// `RST_STREAM` with `REFUSED_STREAM`.
+    Refused,
+    /// A `GOAWAY` whose last stream id is below this stream's (or that came before it was
+    /// opened); the connection takes no new streams.
+    GoAway,
+}
+
+/// The refusal `e` reports, if any. h2 gives a stream a remote `GOAWAY` error only when the
+/// frame's last stream id excludes it; a stream the backend kept ends some other way.
+fn h2_refusal(e: &hyper::Error) -> Option<H2Refusal> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            if !h2.is_remote() {
+                return None;
+            }
+            if h2.is_go_away() {
+                return Some(H2Refusal::GoAway);
+            }
+            return (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM))
+                .then_some(H2Refusal::Refused);
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// Writes every byte of `bufs`, in as few system calls as the socket allows.
