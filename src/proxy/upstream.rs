@@ -376,8 +376,9 @@ pub struct ClientRequest {
 }
 
 /// Forwards one whole request: routes it by its session key, sends it with failover before
-/// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with the backend's response, whose body streams
-/// through frame by frame while the metrics and the recorder watch it.
+/// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
+/// the backend's response, whose body streams through frame by frame while the metrics and
+/// the recorder watch it.
 pub async fn forward(
     inner: &Arc<Inner>,
     req: ClientRequest,
