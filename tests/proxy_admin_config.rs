@@ -172,7 +172,7 @@ async fn admin_api_without_token_on_loopback() {
         "agentrace_backend_healthy{backend=\"a\"} 1",
         "agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"} 1",
         "agentrace_bound_sessions 0",
-        "agentrace_retries_total 0",
+        "agentrace_retries_total{reason=\"connect\"} 0",
         "agentrace_proxy_overhead_seconds_bucket",
         "agentrace_sessions 1",
     ] {

@@ -11,8 +11,11 @@
 //! responses are re-framed for the client, whose connection stays reusable, and another
 //! transfer coding gets 502 instead of reaching the client as coded bytes; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
-//! backend closed is replaced on the same backend instead of failing over; `Connection: close`
-//! from the client closes after the response; a client that sends nothing, stalls in a head or
+//! backend closed is replaced on the same backend instead of failing over; a request that
+//! reached its backend whole is sent again only when safe or allowed, one that provably did not
+//! is; a backend's interim responses are capped, and a client that hangs up during them cancels
+//! the request; `Connection: close` from the client closes after the response; a client that
+//! sends nothing, stalls in a head or
 //! a body, or idles past the idle timeout is closed (with 408 when a request was under way),
 //! while a backend may take longer than every client time limit.
 
@@ -683,8 +686,12 @@ async fn a_pooled_connection_closed_while_idle_is_replaced_without_failover() {
     ]))
     .await;
     let key = key_routed_to(&proxy, "closing").await;
-    let request =
-        format!("GET /v1/models HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\r\n");
+    // A POST, which is not sent again after it reached a backend: only the check before the
+    // write can save it.
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\
+         content-length: 2\r\n\r\n{{}}"
+    );
     let mut client = Client::connect(proxy.addr).await;
     client.send(&request).await;
     let first = client.reply().await;
@@ -703,29 +710,34 @@ async fn a_pooled_connection_closed_while_idle_is_replaced_without_failover() {
         Some("closing")
     );
     assert_eq!(other.hits(), 0, "the request failed over");
+    assert_eq!(
+        closing.requests().len(),
+        2,
+        "each request reached the backend once"
+    );
     assert_eq!(closing.answered(), 2);
     assert_eq!(closing.accepted(), 2);
     proxy.shutdown().await;
 }
 
-/// A pooled connection the backend closes on receiving the request, before any response byte
-/// (its keep-alive timeout racing the request): the request is sent once more on a fresh
-/// connection to the same backend, not failed over.
-#[tokio::test]
-async fn a_pooled_connection_closed_before_answering_is_retried_once_on_a_fresh_one() {
+/// Two POSTs on one client connection to a backend that answers the first and closes its
+/// pooled connection on receiving the second, before any response byte: the replies, and the
+/// requests the backend and `other` saw.
+async fn post_twice_to_a_backend_that_drops_the_second(
+    retry_after_send: bool,
+) -> (Vec<Reply>, RawBackend, TestBackend) {
     let racing = RawBackend::spawn(
         &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
         After::DropTheNext,
     )
     .await;
     let other = TestBackend::spawn("other").await;
-    let proxy = start_proxy(config_over(&[
-        ("racing", racing.url()),
-        ("other", other.url()),
-    ]))
-    .await;
+    let mut config = config_over(&[("racing", racing.url()), ("other", other.url())]);
+    config.upstream.retry_after_send = retry_after_send;
+    let proxy = start_proxy(config).await;
     let key = key_routed_to(&proxy, "racing").await;
     let mut client = Client::connect(proxy.addr).await;
+    let mut replies = Vec::new();
     for body in ["first", "second"] {
         client
             .send(format!(
@@ -734,27 +746,158 @@ async fn a_pooled_connection_closed_before_answering_is_retried_once_on_a_fresh_
                 body.len()
             ))
             .await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "{body}: {reply:?}");
+        replies.push(client.reply().await);
+    }
+    proxy.shutdown().await;
+    (replies, racing, other)
+}
+
+fn bodies_seen(backend: &RawBackend) -> Vec<Vec<u8>> {
+    backend
+        .requests()
+        .iter()
+        .map(|r| split_request(r).1)
+        .collect()
+}
+
+/// A POST written whole to a pooled connection that the backend then closes without a
+/// response byte may be in generation there: it is answered 502, not sent again, neither on a
+/// fresh connection nor to the next backend.
+#[tokio::test]
+async fn a_post_a_pooled_connection_closed_under_is_not_sent_again() {
+    let (replies, racing, other) = post_twice_to_a_backend_that_drops_the_second(false).await;
+    assert_eq!(replies[0].status, 200, "{:?}", replies[0]);
+    assert_eq!(replies[1].status, 502, "{:?}", replies[1]);
+    assert_eq!(
+        replies[1].header("x-agentrace-error").as_deref(),
+        Some("upstream_error")
+    );
+    assert_eq!(bodies_seen(&racing), [&b"first"[..], b"second"]);
+    assert_eq!(racing.accepted(), 1, "no fresh connection for a resend");
+    assert_eq!(other.hits(), 0, "the request was sent to the next backend");
+}
+
+/// With `upstream.retry_after_send`, the same POST is sent once more, on a fresh connection to
+/// the same backend (not failed over).
+#[tokio::test]
+async fn with_retry_after_send_a_post_a_pooled_connection_closed_under_is_sent_again() {
+    let (replies, racing, other) = post_twice_to_a_backend_that_drops_the_second(true).await;
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{reply:?}");
         assert_eq!(
             reply.header("x-agentrace-backend").as_deref(),
             Some("racing")
         );
         assert_eq!(reply.body, b"ok");
     }
-    assert_eq!(other.hits(), 0, "the request failed over");
-    assert_eq!(racing.accepted(), 2, "one fresh connection for the retry");
-    let bodies: Vec<Vec<u8>> = racing
-        .requests()
-        .iter()
-        .map(|r| split_request(r).1)
-        .collect();
     assert_eq!(
-        bodies,
+        bodies_seen(&racing),
         [&b"first"[..], b"second", b"second"],
-        "the dropped request and its one retry"
+        "the dropped request and its one resend"
     );
+    assert_eq!(racing.accepted(), 2, "one fresh connection for the resend");
     assert_eq!(racing.answered(), 2);
+    assert_eq!(other.hits(), 0, "the request failed over");
+}
+
+/// A backend that reads a whole request and closes without answering, and `other`; the proxy
+/// over both, and a session key routed to the first.
+async fn a_taker_and_other() -> (RawBackend, TestBackend, TestProxy, String) {
+    let taker = RawBackend::spawn(&[], After::Close).await;
+    let other = TestBackend::spawn("other").await;
+    let proxy = start_proxy(config_over(&[
+        ("taker", taker.url()),
+        ("other", other.url()),
+    ]))
+    .await;
+    let key = key_routed_to(&proxy, "taker").await;
+    (taker, other, proxy, key)
+}
+
+/// A POST that a backend read whole on a fresh connection and closed on without answering is
+/// answered 502 and reaches no other backend.
+#[tokio::test]
+async fn a_post_the_backend_took_whole_and_closed_on_is_not_sent_again() {
+    let (taker, other, proxy, key) = a_taker_and_other().await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\
+             content-length: 2\r\n\r\n{{}}"
+        ))
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 502, "{reply:?}");
+    assert_eq!(
+        reply.header("x-agentrace-error").as_deref(),
+        Some("upstream_error")
+    );
+    assert_eq!(taker.requests().len(), 1);
+    assert_eq!(other.hits(), 0, "the request was generated twice");
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("agentrace_retries_total{reason=\"after_send\"} 0"),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A GET is safe to send twice (RFC 9110 §9.2.2): closed on the same way, it goes to the next
+/// backend.
+#[tokio::test]
+async fn a_get_the_backend_took_whole_and_closed_on_is_sent_to_the_next_choice() {
+    let (taker, other, proxy, key) = a_taker_and_other().await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(format!(
+            "GET /v1/models HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\r\n"
+        ))
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.header("x-agentrace-backend").as_deref(),
+        Some("other")
+    );
+    assert_eq!(taker.requests().len(), 1);
+    assert_eq!(other.hits(), 1);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("agentrace_retries_total{reason=\"after_send\"} 1"),
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+/// A POST whose backend refuses the connection never reached it: it goes to the next backend.
+#[tokio::test]
+async fn a_post_whose_backend_refuses_the_connection_is_sent_to_the_next_choice() {
+    let dead = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let other = TestBackend::spawn("other").await;
+    let proxy = start_proxy(config_over(&[("dead", dead), ("other", other.url())])).await;
+    let key = key_routed_to(&proxy, "dead").await;
+    let mut client = Client::connect(proxy.addr).await;
+    client
+        .send(format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\nx-session-id: {key}\r\n\
+             content-length: 2\r\n\r\n{{}}"
+        ))
+        .await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.header("x-agentrace-backend").as_deref(),
+        Some("other")
+    );
+    assert_eq!(other.hits(), 1);
+    let metrics = proxy.metrics().await;
+    assert!(
+        metrics.contains("agentrace_retries_total{reason=\"connect\"} 1"),
+        "{metrics}"
+    );
     proxy.shutdown().await;
 }
 
@@ -996,4 +1139,132 @@ fn largest_send_buffer() -> usize {
         .ok()
         .and_then(|v| v.split_whitespace().nth(2)?.parse().ok())
         .unwrap_or(4 * 1024 * 1024)
+}
+
+// -------------------------------------------------------------------------------------------
+// Interim responses
+
+/// What an [`InterimBackend`] saw.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// A whole request arrived; the interim responses start.
+    Request,
+    /// The proxy closed the connection.
+    Closed,
+}
+
+/// A backend on `127.0.0.1:0` that answers every request with `100 Continue` and `103 Early
+/// Hints` heads and never a final one; it reports each request and each connection the proxy
+/// closes.
+struct InterimBackend {
+    addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Seen>,
+}
+
+impl InterimBackend {
+    /// `endless`: interim heads in large batches for as long as the proxy reads them, so it
+    /// always has more to read; otherwise three, then silence until the proxy closes.
+    async fn spawn(endless: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, seen) = mpsc::unbounded_channel();
+        let mut batch = Vec::new();
+        while batch.len() < if endless { 64 * 1024 } else { 1 } {
+            batch.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            batch.extend_from_slice(
+                b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n",
+            );
+        }
+        let batch = Arc::new(batch);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (tx, batch) = (tx.clone(), batch.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    if read_raw_request(&mut stream, &mut buf).await.is_none() {
+                        return;
+                    }
+                    let _ = tx.send(Seen::Request);
+                    if endless {
+                        while stream.write_all(&batch).await.is_ok() {}
+                    } else if stream.write_all(&batch).await.is_ok() {
+                        while matches!(stream.read(&mut [0u8; 1024]).await, Ok(n) if n > 0) {}
+                    }
+                    let _ = tx.send(Seen::Closed);
+                });
+            }
+        });
+        Self { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn next(&mut self) -> Seen {
+        guarded("the interim backend's next event", self.seen.recv())
+            .await
+            .expect("backend task alive")
+    }
+}
+
+/// A backend's requests in flight as `/metrics` reports them.
+async fn in_flight(proxy: &TestProxy, backend: &str) -> u64 {
+    let metrics = proxy.metrics().await;
+    let series = format!("agentrace_in_flight{{backend=\"{backend}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
+}
+
+const POST_EMPTY_OBJECT: &str =
+    "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ncontent-length: 2\r\n\r\n{}";
+
+/// A backend that answers with interim responses and never a final one gets no more than the
+/// cap of them: the client gets a 502, the backend's connection is closed (not pooled), and
+/// nothing stays in flight.
+#[tokio::test]
+async fn an_endless_run_of_interim_responses_gets_502_and_the_connection_closed() {
+    let mut storm = InterimBackend::spawn(true).await;
+    let proxy = start_proxy(config_over(&[("storm", storm.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(POST_EMPTY_OBJECT).await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 502, "{reply:?}");
+    assert_eq!(
+        reply.header("x-agentrace-error").as_deref(),
+        Some("upstream_error")
+    );
+    assert!(
+        text(&reply.body).contains("interim"),
+        "{}",
+        text(&reply.body)
+    );
+    assert_eq!(storm.next().await, Seen::Request);
+    assert_eq!(storm.next().await, Seen::Closed);
+    assert_eq!(in_flight(&proxy, "storm").await, 0);
+    proxy.shutdown().await;
+}
+
+/// A client that hangs up while its backend is in interim responses cancels the upstream
+/// request, as any other disconnect does: the backend sees its connection closed and nothing
+/// stays in flight. (Fewer interim responses than the cap, so only the hang-up ends them.)
+#[tokio::test]
+async fn a_client_that_hangs_up_during_interim_responses_cancels_the_upstream_request() {
+    let mut interim = InterimBackend::spawn(false).await;
+    let proxy = start_proxy(config_over(&[("interim", interim.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(POST_EMPTY_OBJECT).await;
+    assert_eq!(interim.next().await, Seen::Request);
+    drop(client);
+    assert_eq!(interim.next().await, Seen::Closed);
+    guarded("the request to leave the in-flight count", async {
+        while in_flight(&proxy, "interim").await != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    proxy.shutdown().await;
 }

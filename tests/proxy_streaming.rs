@@ -1,7 +1,8 @@
 //! The forwarding path through a real proxy: streaming, failures, health, the tap, shutdown.
 //!
 //! Invariants: each SSE event reaches the client before the backend writes the next; a failure
-//! before the first byte is retried on the session's next choice (and the session rebinds);
+//! before the first byte is retried on the session's next choice (and the session rebinds) when
+//! the request may be sent again (an HTTP/2 stream the backend refused, a GET);
 //! after the first byte it is never retried and an SSE stream ends with an error event; a
 //! client that goes away cancels the upstream request; failing probes eject a backend and
 //! passing ones bring it back, as do connect errors; the tap sees every exchange exactly once;
@@ -189,8 +190,9 @@ async fn client_disconnect_before_the_response_cancels_upstream() {
     proxy.shutdown().await;
 }
 
-/// A backend that drops the connection before answering: the request is retried on the
-/// session's next choice, the session rebinds there, and the retry is counted.
+/// A backend that drops the connection before answering a GET (safe to send twice): the
+/// request is retried on the session's next choice, the session rebinds there, and the retry
+/// is counted.
 #[tokio::test]
 async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     let a = TestBackend::spawn("a").await;
@@ -211,10 +213,10 @@ async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     home_b.set_mode(Mode::Drop);
     let (status, headers, body) = fetch(
         &client,
-        "POST",
-        &proxy.url("/v1/chat/completions"),
+        "GET",
+        &proxy.url("/v1/models"),
         &[("x-session-id", key)],
-        "{\"x\":1}",
+        "",
     )
     .await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
@@ -231,7 +233,10 @@ async fn failure_before_the_first_byte_fails_over_and_rebinds() {
     .await;
     assert_eq!(served_by(&headers), other.name());
     let metrics = proxy.metrics().await;
-    assert!(metrics.contains("agentrace_retries_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("agentrace_retries_total{reason=\"after_send\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("outcome=\"failover\"} 1"), "{metrics}");
     assert!(metrics.contains("outcome=\"bound\"} 1"), "{metrics}");
     proxy.shutdown().await;
@@ -774,6 +779,104 @@ async fn https_backends_use_the_ca_file_and_the_negotiated_protocol() {
     assert!(String::from_utf8_lossy(&body).contains("backend tls failed"));
     assert_eq!(backend.hits(), 0);
     proxy.shutdown().await;
+}
+
+/// An HTTP/2 backend behind TLS (ALPN h2 only) that resets every stream with `reason` before
+/// any response; the streams it saw are counted.
+async fn spawn_h2_resetting(
+    cert: &str,
+    key: &str,
+    reason: h2::Reason,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicU64>) {
+    let acceptor = tls_acceptor(cert, key, &[b"h2"]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = streams.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut conn) = h2::server::handshake(tls).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    respond.send_reset(reason);
+                }
+            });
+        }
+    });
+    (addr, streams)
+}
+
+/// An HTTP/2 backend that refuses a stream (`REFUSED_STREAM`: RFC 9113 §8.7, it did no
+/// processing) has a POST sent to the next backend; one that resets it for any other reason
+/// may have acted on it, and the POST gets 502 instead of reaching a second backend.
+#[tokio::test]
+async fn an_http2_stream_the_backend_refused_is_sent_to_the_next_choice_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (certified.cert.pem(), certified.key_pair.serialize_pem());
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &cert).unwrap();
+    for (reason, status) in [
+        (h2::Reason::REFUSED_STREAM, 200),
+        (h2::Reason::INTERNAL_ERROR, 502),
+    ] {
+        let (addr, streams) = spawn_h2_resetting(&cert, &key, reason).await;
+        let other = TestBackend::spawn("other").await;
+        let mut config = config_for(&[&other]);
+        config
+            .backends
+            .push(agentrace::proxy::config::BackendConfig {
+                name: "resetting".into(),
+                url: format!("https://localhost:{}", addr.port()),
+                ..config.backends[0].clone()
+            });
+        config.upstream.ca_file = Some(ca_file.clone());
+        let proxy = start_proxy(config).await;
+        let http = client();
+        // Sessions until one is placed on the resetting backend.
+        for i in 0..64 {
+            let hits = other.hits();
+            let (got, headers, body) = fetch(
+                &http,
+                "POST",
+                &proxy.url("/v1/chat/completions"),
+                &[("x-session-id", &format!("s{i}"))],
+                "{}",
+            )
+            .await;
+            if streams.load(Ordering::SeqCst) == 0 {
+                assert_eq!(got, 200, "{}", String::from_utf8_lossy(&body));
+                continue;
+            }
+            assert_eq!(
+                got,
+                status,
+                "{reason:?}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            assert_eq!(streams.load(Ordering::SeqCst), 1, "{reason:?}");
+            if status == 200 {
+                assert_eq!(served_by(&headers), "other");
+                assert_eq!(other.hits(), hits + 1);
+            } else {
+                assert_eq!(other.hits(), hits, "{reason:?}: sent to a second backend");
+            }
+            break;
+        }
+        assert_eq!(
+            streams.load(Ordering::SeqCst),
+            1,
+            "no session reached the backend"
+        );
+        proxy.shutdown().await;
+    }
 }
 
 /// POSTs `body` to the proxy's chat-completions path in session `session`.

@@ -125,8 +125,15 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout_secs: u64,
     /// Idle keep-alive connections kept per backend by each forwarding worker.
     pub pool_max_idle_per_backend: usize,
-    /// Retries on another backend when connecting or sending fails before any response byte.
+    /// Retries on another backend when a request fails before any response byte: always when
+    /// it provably did not reach the backend (connect failed, the write failed, an HTTP/2
+    /// stream refused), after a send with no answer only as `retry_after_send` says.
     pub retries: u32,
+    /// Whether a request the backend received whole and closed on without a response byte may
+    /// be sent again (to a fresh connection, or the next backend). Off, only safe methods (GET,
+    /// HEAD, OPTIONS, TRACE) are; on, any is, so a POST the backend was generating when it
+    /// failed may be generated twice.
+    pub retry_after_send: bool,
     /// PEM bundle of CAs trusted for `https://` backends instead of the platform roots.
     pub ca_file: Option<PathBuf>,
 }
@@ -272,6 +279,7 @@ impl Default for UpstreamConfig {
             pool_idle_timeout_secs: 4,
             pool_max_idle_per_backend: 256,
             retries: 1,
+            retry_after_send: false,
             ca_file: None,
         }
     }

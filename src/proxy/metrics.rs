@@ -53,6 +53,35 @@ impl ErrorKind {
     }
 }
 
+/// Why a request was sent to the next backend (the `reason` label of the retry counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// No connection could be made.
+    Connect,
+    /// The request provably did not reach the backend whole (write failed, stream refused).
+    NotSent,
+    /// The backend had the request whole and closed without answering (safe methods, or
+    /// `upstream.retry_after_send`): it may be generated twice.
+    AfterSend,
+}
+
+const RETRY_REASONS: [RetryReason; 3] = [
+    RetryReason::Connect,
+    RetryReason::NotSent,
+    RetryReason::AfterSend,
+];
+
+impl RetryReason {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::Connect => "connect",
+            RetryReason::NotSent => "not_sent",
+            RetryReason::AfterSend => "after_send",
+        }
+    }
+}
+
 /// Which client-side limit (`[client]`) closed a connection (the `limit` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientTimeout {
@@ -109,8 +138,8 @@ pub struct ProxyMetrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
     decisions: Arc<Vec<Counter>>,
-    /// Retries on another backend before any response byte.
-    pub retries: Counter,
+    /// Retries on another backend before any response byte, by [`RETRY_REASONS`].
+    retries: Arc<Vec<Counter>>,
     /// Time the proxy adds: body received → request handed to the pool, plus response head
     /// received → head handed to the client connection.
     pub overhead: Histogram,
@@ -195,7 +224,18 @@ impl ProxyMetrics {
                 ));
             }
         }
-        let retries = r.register_counter(&key("agentrace_retries_total", vec![]), &META);
+        let retries = RETRY_REASONS
+            .iter()
+            .map(|reason| {
+                r.register_counter(
+                    &key(
+                        "agentrace_retries_total",
+                        vec![Label::new("reason", reason.as_str())],
+                    ),
+                    &META,
+                )
+            })
+            .collect();
         let overhead =
             r.register_histogram(&key("agentrace_proxy_overhead_seconds", vec![]), &META);
         let body_budget_refusals =
@@ -229,7 +269,7 @@ impl ProxyMetrics {
         Self {
             handle,
             decisions: Arc::new(decisions),
-            retries,
+            retries: Arc::new(retries),
             overhead,
             body_budget_refusals,
             body_bytes_held,
@@ -318,6 +358,12 @@ impl ProxyMetrics {
     /// so the hot path only counts in the budget).
     pub fn body_bytes_held(&self, bytes: u64) {
         self.body_bytes_held.set(bytes as f64);
+    }
+
+    /// Counts a retry on the next backend.
+    pub fn retry(&self, reason: RetryReason) {
+        let i = RETRY_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.retries[i].increment(1);
     }
 
     /// Counts a client connection closed by one of the `[client]` limits.
@@ -476,7 +522,7 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_retries_total",
-        "Retries on another backend before any response byte.",
+        "Retries on another backend before any response byte, by reason (connect, not_sent, after_send).",
         0,
     );
     d(

@@ -6,6 +6,7 @@
 //! costs no task hand-off, channel or second HTTP state machine, which on a busy proxy was most
 //! of its own CPU time. Backends that choose HTTP/2 by ALPN share one hyper HTTP/2 connection.
 
+use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,18 +36,56 @@ use crate::http_body::BoxError;
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
 const COPY_BODY_MAX: usize = 16 * 1024;
 
-/// Why a request got no response head.
+/// Interim (1xx) responses taken before a request's final one. A backend has use for a few at
+/// most (`103 Early Hints`; `100 Continue` to an `Expect` the proxy never forwards); unbounded,
+/// one that sends them endlessly would hold the request, its connection and a share of a core
+/// for as long as it liked. hyper passes every one on and nginx skips any number; 32 leaves
+/// room for any real use and ends a storm within a read or two.
+const MAX_INTERIM_RESPONSES: usize = 32;
+
+/// Why a request got no response head, told by whether the backend can have acted on it,
+/// which decides whether sending it again may generate it twice.
+///
+/// The request provably did not reach the backend whole (so it may be sent again) when:
+/// - no connection was made: [`PoolError::Connect`];
+/// - writing it to an HTTP/1.1 connection failed ([`PoolError::NotSent`]). Its last bytes
+///   never reached the socket, and a backend acts on a request only once it has all of it
+///   (the head's final blank line, the whole `Content-Length` body), though it may have
+///   received a prefix. A pooled connection found closed or readable before the write is
+///   not used at all ([`WorkerPool::send`]).
+/// - on HTTP/2, hyper handed the request back unsent, the backend refused the stream with
+///   `REFUSED_STREAM`, or its `GOAWAY` named a last stream below this one (RFC 9113 §8.7:
+///   both mean it did no processing): [`PoolError::NotSent`].
+///
+/// Anything else is after the send: the request went out whole and the connection closed,
+/// reset or failed before any response byte ([`PoolError::NoResponse`]; the backend may be
+/// generating it), or bytes came that are no usable response head
+/// ([`PoolError::BadResponse`]). A close that crosses the request on the wire, or that the
+/// runtime has not yet reported when the connection is reused, falls here too: nothing tells
+/// it from a backend that took the request and died.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     /// No connection could be made (TCP, TLS or protocol handshake).
     #[error("connect: {0}")]
     Connect(String),
-    /// The connection failed while the request was sent or the head awaited.
-    #[error("{0}")]
-    Send(BoxError),
+    /// The request provably did not reach the backend whole.
+    #[error(transparent)]
+    NotSent(BoxError),
+    /// The request was sent whole; the connection ended before any response byte.
+    #[error(transparent)]
+    NoResponse(BoxError),
+    /// Response bytes arrived, but no final response head the proxy can forward.
+    #[error(transparent)]
+    BadResponse(BoxError),
     /// The request could not be put together for this backend.
     #[error("bad upstream request: {0}")]
     Request(String),
+}
+
+impl PoolError {
+    fn bad_response(e: impl Into<BoxError>) -> Self {
+        PoolError::BadResponse(e.into())
+    }
 }
 
 /// What is forwarded: the client's request with its headers already edited for the backend
@@ -167,10 +206,14 @@ impl H1Conn {
     fn still_open(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         self.buf.reserve(64);
-        matches!(
-            tokio_util::io::poll_read_buf(Pin::new(&mut self.io), &mut cx, &mut self.buf),
-            Poll::Pending
-        ) && self.buf.is_empty()
+        let (io, buf) = (&mut self.io, &mut self.buf);
+        // Unconstrained: a task that has spent its budget would otherwise be told `Pending`
+        // whatever the socket holds, and reuse a closed connection.
+        let read = tokio::task::unconstrained(std::future::poll_fn(|cx| {
+            tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, &mut *buf)
+        }));
+        let idle = std::pin::pin!(read).poll(&mut cx).is_pending();
+        idle && self.buf.is_empty()
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
@@ -198,6 +241,8 @@ pub struct WorkerPool {
     slots: Mutex<Vec<(Key, Slot)>>,
     max_idle: usize,
     idle_timeout: Duration,
+    /// `upstream.retry_after_send`: any request may be sent again after [`PoolError::NoResponse`].
+    retry_after_send: bool,
 }
 
 enum Sender {
@@ -207,12 +252,14 @@ enum Sender {
 
 impl WorkerPool {
     /// A pool that connects within `connect_timeout` (TLS by `tls`, which offers h2 and
-    /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`.
+    /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`;
+    /// `retry_after_send` lets [`WorkerPool::may_resend`] allow any method.
     pub fn new(
         tls: TlsConnector,
         connect_timeout: Duration,
         max_idle: usize,
         idle_timeout: Duration,
+        retry_after_send: bool,
     ) -> Self {
         Self {
             tls,
@@ -220,13 +267,28 @@ impl WorkerPool {
             slots: Mutex::new(Vec::new()),
             max_idle,
             idle_timeout,
+            retry_after_send,
+        }
+    }
+
+    /// Whether a request that failed as `e` may be sent again. One that provably did not reach
+    /// the backend may; one sent whole with no answer may only if its method is safe (GET,
+    /// HEAD, OPTIONS, TRACE: RFC 9110 §9.2.2 lets a client retry those, and a second one
+    /// changes nothing) or `upstream.retry_after_send` is on, since the backend may be
+    /// generating it already; one the backend answered, however badly, never.
+    pub fn may_resend(&self, e: &PoolError, method: &Method) -> bool {
+        match e {
+            PoolError::Connect(_) | PoolError::NotSent(_) => true,
+            PoolError::NoResponse(_) => self.retry_after_send || method.is_safe(),
+            PoolError::BadResponse(_) | PoolError::Request(_) => false,
         }
     }
 
     /// Sends `req` to `backend` and resolves with the response head; its body streams from
-    /// the connection. A pooled connection that turns out closed before any response byte
-    /// (the backend's keep-alive timeout racing the request) is replaced once by a fresh one;
-    /// every other failure is returned for the caller's failover.
+    /// the connection. An idle connection found closed is never written to. A pooled one that
+    /// fails under the request (the backend's keep-alive timeout racing it) is replaced once by
+    /// a fresh one when [`WorkerPool::may_resend`] allows; every other failure is returned for
+    /// the caller's failover.
     pub async fn send(
         self: &Arc<Self>,
         backend: &BackendUrl,
@@ -244,13 +306,8 @@ impl WorkerPool {
                 Sender::H1 { conn, reused } => {
                     match self.send_h1(conn, &key, backend, &req).await {
                         Ok(resp) => return Ok(resp),
-                        Err(Failure::Stale) if reused => fresh_only = true,
-                        Err(Failure::Stale) => {
-                            return Err(PoolError::Send(
-                                "the backend closed the connection before answering".into(),
-                            ))
-                        }
-                        Err(Failure::Other(e)) => return Err(e),
+                        Err(e) if reused && self.may_resend(&e, req.method) => fresh_only = true,
+                        Err(e) => return Err(e),
                     }
                 }
             }
@@ -263,8 +320,7 @@ impl WorkerPool {
         key: &Key,
         backend: &BackendUrl,
         req: &UpstreamRequest<'_>,
-    ) -> Result<UpstreamResponse, Failure> {
-        let send_err = |e: std::io::Error| Failure::Other(PoolError::Send(Box::new(e)));
+    ) -> Result<UpstreamResponse, PoolError> {
         conn.out.clear();
         let length = req.declare_length.then_some(req.body.len() as u64);
         h1::put_request_head(
@@ -285,37 +341,49 @@ impl WorkerPool {
             )
             .await
         };
-        match written {
-            Ok(()) => conn.io.flush().await.map_err(send_err)?,
-            // Refused outright on a pooled connection: it had been closed.
-            Err(e) if is_reset(&e) => return Err(Failure::Stale),
-            Err(e) => return Err(send_err(e)),
+        // A write or flush that fails leaves the request's last bytes unsent (see [`PoolError`]).
+        let flushed = match written {
+            Ok(()) => conn.io.flush().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = flushed {
+            return Err(PoolError::NotSent(Box::new(e)));
         }
         let head_request = req.method == Method::HEAD;
         let mut received = false;
+        let mut interim = 0;
         let head = loop {
             match h1::parse_response(&mut conn.buf, head_request) {
                 Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
-                    return Err(Failure::Other(PoolError::Send(
-                        "the backend switched protocols, which the proxy does not forward".into(),
-                    )))
+                    return Err(PoolError::bad_response(
+                        "the backend switched protocols, which the proxy does not forward",
+                    ))
                 }
                 // Interim responses (100, 103) are not forwarded; the final one follows.
-                Ok(Some(head)) if head.status.is_informational() => continue,
+                Ok(Some(head)) if head.status.is_informational() => {
+                    interim += 1;
+                    if interim > MAX_INTERIM_RESPONSES {
+                        return Err(PoolError::bad_response(format!(
+                            "the backend sent more than {MAX_INTERIM_RESPONSES} interim (1xx) \
+                             responses without a final one"
+                        )));
+                    }
+                    continue;
+                }
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
-                Err(e) => return Err(Failure::Other(PoolError::Send(Box::new(e)))),
+                Err(e) => return Err(PoolError::bad_response(e)),
             }
             match conn.read_more().await {
-                Ok(0) if !received => return Err(Failure::Stale),
-                Ok(0) => {
-                    return Err(Failure::Other(PoolError::Send(Box::new(
-                        H1Error::Incomplete,
-                    ))))
+                Ok(0) if !received => {
+                    return Err(PoolError::NoResponse(
+                        "the backend closed the connection without answering".into(),
+                    ))
                 }
+                Ok(0) => return Err(PoolError::bad_response(H1Error::Incomplete)),
                 Ok(_) => received = true,
-                Err(e) if !received && is_reset(&e) => return Err(Failure::Stale),
-                Err(e) => return Err(send_err(e)),
+                Err(e) if !received => return Err(PoolError::NoResponse(Box::new(e))),
+                Err(e) => return Err(PoolError::bad_response(e)),
             }
         };
         let mut body = H1Body {
@@ -358,7 +426,7 @@ impl WorkerPool {
             .build()
             .map_err(|e| PoolError::Request(e.to_string()))?;
         *request.headers_mut() = req.headers.to_map();
-        match send.send_request(request).await {
+        match send.try_send_request(request).await {
             Ok(resp) => {
                 let (parts, body) = resp.into_parts();
                 Ok(UpstreamResponse {
@@ -367,11 +435,19 @@ impl WorkerPool {
                     body: UpstreamBody::H2(body),
                 })
             }
-            Err(e) => {
-                if send.is_closed() {
+            Err(mut e) => {
+                // hyper hands the request back when it never reached the connection.
+                let handed_back = e.take_message().is_some();
+                let e = e.into_error();
+                let refused = h2_refusal(&e);
+                if send.is_closed() || refused == Some(H2Refusal::GoAway) {
                     self.forget_h2(key);
                 }
-                Err(PoolError::Send(Box::new(e)))
+                Err(if handed_back || refused.is_some() {
+                    PoolError::NotSent(Box::new(e))
+                } else {
+                    PoolError::NoResponse(Box::new(e))
+                })
             }
         }
     }
@@ -503,16 +579,34 @@ fn slot_of<'a>(slots: &'a mut Vec<(Key, Slot)>, key: &Key) -> &'a mut Slot {
     &mut slots[at].1
 }
 
-/// How an HTTP/1.1 attempt failed.
-enum Failure {
-    /// The connection was closed before any response byte: retry on a fresh one if pooled.
-    Stale,
-    Other(PoolError),
+/// How an HTTP/2 backend said it did not process a stream (RFC 9113 §8.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum H2Refusal {
+    /// `RST_STREAM` with `REFUSED_STREAM`.
+    Refused,
+    /// A `GOAWAY` whose last stream id is below this stream's (or that came before it was
+    /// opened); the connection takes no new streams.
+    GoAway,
 }
 
-fn is_reset(e: &std::io::Error) -> bool {
-    use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
+/// The refusal `e` reports, if any. h2 gives a stream a remote `GOAWAY` error only when the
+/// frame's last stream id excludes it; a stream the backend kept ends some other way.
+fn h2_refusal(e: &hyper::Error) -> Option<H2Refusal> {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            if !h2.is_remote() {
+                return None;
+            }
+            if h2.is_go_away() {
+                return Some(H2Refusal::GoAway);
+            }
+            return (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM))
+                .then_some(H2Refusal::Refused);
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// Writes every byte of `bufs`, in as few system calls as the socket allows.

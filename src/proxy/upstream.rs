@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::fields::{self, Fields, Forwarded, WireFields};
 use super::health;
-use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind};
+use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{session_key, Backend};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
@@ -51,6 +51,7 @@ pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, P
         Duration::from_millis(cfg.connect_timeout_ms),
         cfg.pool_max_idle_per_backend,
         Duration::from_secs(cfg.pool_idle_timeout_secs),
+        cfg.retry_after_send,
     ))
 }
 
@@ -415,8 +416,9 @@ pub struct ClientRequest {
 }
 
 /// Forwards one whole request: routes it by its session key, sends it with failover before
-/// the first response byte, and answers with the backend's response, whose body streams
-/// through frame by frame while the metrics and the recorder watch it.
+/// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
+/// the backend's response, whose body streams through frame by frame while the metrics and
+/// the recorder watch it.
 pub async fn forward(
     inner: &Arc<Inner>,
     req: ClientRequest,
@@ -509,12 +511,17 @@ pub async fn forward(
                 backend.metrics.error(kind);
                 health::on_error(&backend, kind, &pool.health);
                 tried.push(decision.index);
-                if tried.len() <= retries && tried.len() < pool.backends.len() {
-                    inner.metrics.retries.increment(1);
+                let resend = upstream_pool.may_resend(&e, &method);
+                if resend && tried.len() <= retries && tried.len() < pool.backends.len() {
+                    inner.metrics.retry(retry_reason(&e));
                     tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; retrying on the next choice");
                     continue;
                 }
-                tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
+                if resend {
+                    tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; giving up");
+                } else {
+                    tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed after the request reached it; not sending it again");
+                }
                 if let Some(sink) = &inner.sink {
                     let mut observer = sink.start(exchange(&backend));
                     std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
@@ -598,6 +605,15 @@ pub async fn forward(
         status,
         headers,
         body: ProxyBody::Upstream(Box::new(observed)),
+    }
+}
+
+/// Why a failed request is sent again, as the retry counter labels it.
+fn retry_reason(e: &PoolError) -> RetryReason {
+    match e {
+        PoolError::Connect(_) => RetryReason::Connect,
+        PoolError::NotSent(_) => RetryReason::NotSent,
+        _ => RetryReason::AfterSend,
     }
 }
 

@@ -100,23 +100,12 @@ impl TestBackend {
     /// Starts a JSON responder behind TLS that offers these ALPN protocols and serves HTTP/1.1
     /// or HTTP/2 as negotiated.
     pub async fn spawn_tls(name: &str, cert_pem: &str, key_pem: &str, alpn: &[&[u8]]) -> Self {
-        let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
-            .unwrap()
-            .unwrap();
-        let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
-        server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-        Self::start(name, Mode::Json, Some(acceptor)).await
+        Self::start(
+            name,
+            Mode::Json,
+            Some(tls_acceptor(cert_pem, key_pem, alpn)),
+        )
+        .await
     }
 
     async fn start(name: &str, mode: Mode, tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
@@ -271,6 +260,27 @@ impl Drop for TestBackend {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A TLS acceptor (rustls, ring) for this PEM certificate and key, offering these ALPN
+/// protocols.
+pub fn tls_acceptor(cert_pem: &str, key_pem: &str, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+    let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+        .unwrap()
+        .unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsAcceptor::from(Arc::new(server))
 }
 
 fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<TestBody> {
