@@ -132,6 +132,104 @@ async fn redaction_leaves_no_secret_bytes_in_segment_files() {
     assert_eq!(visible.unwrap().1, "visible-session");
 }
 
+/// Credentials under the names real APIs use (vendor headers, credential query parameters)
+/// never reach a segment file with the default settings; session and routing keys do.
+#[tokio::test]
+async fn vendor_credential_headers_and_query_parameters_are_never_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&config(dir.path())).unwrap();
+    let secrets = [
+        ("x-auth-token", "XAUTH-SECRET-0001"),
+        ("x-goog-api-key", "AIzaGOOG-SECRET-0002"),
+        ("ocp-apim-subscription-key", "APIM-SECRET-0003"),
+        ("x-amz-security-token", "AMZ-SECRET-0004"),
+    ];
+    let mut ex = FakeExchange::chat(Some("s"), b"{}".to_vec(), "ok");
+    ex.headers
+        .extend(secrets.iter().map(|(k, v)| (*k, v.to_string())));
+    ex.headers.push(("x-session-id", "visible-session".into()));
+    ex.headers.push(("x-routing-key", "visible-routing".into()));
+    ex.path = "/v1/chat/completions?api_key=QAPIKEY-SECRET-0005&key=QKEY-SECRET-0006\
+               &model=m&token=QTOKEN-SECRET-0007&Access_Token=QACCESS-SECRET-0008"
+        .into();
+    drive(rec.sink.as_ref(), &ex);
+    rec.finish().await;
+
+    let bytes = all_bytes(dir.path());
+    for secret in secrets.iter().map(|s| s.1).chain([
+        "QAPIKEY-SECRET",
+        "QKEY-SECRET",
+        "QTOKEN-SECRET",
+        "QACCESS-SECRET",
+    ]) {
+        assert!(!contains(&bytes, secret.as_bytes()), "{secret} stored");
+    }
+    let back = read_all(dir.path());
+    let record = &back[0].record;
+    assert!(
+        record
+            .path
+            .starts_with("/v1/chat/completions?api_key=REDACTED-")
+            && record.path.contains("&model=m&"),
+        "{}",
+        record.path
+    );
+    let header = |name: &str| {
+        record
+            .request
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header("x-goog-api-key"),
+        Some(format::redacted(b"AIzaGOOG-SECRET-0002"))
+    );
+    assert_eq!(header("x-session-id").as_deref(), Some("visible-session"));
+    assert_eq!(header("x-routing-key").as_deref(), Some("visible-routing"));
+}
+
+/// `header_mode = "allow"` stores only `content-type` and the headers named in
+/// `keep_headers`, whatever else a client sends; a kept header that looks like a secret is
+/// still hashed.
+#[tokio::test]
+async fn allow_mode_stores_only_the_named_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&CaptureConfig {
+        header_mode: agentrace::capture::HeaderMode::Allow,
+        keep_headers: vec!["x-session-id".into(), "x-team-*".into()],
+        ..config(dir.path())
+    })
+    .unwrap();
+    let mut ex = FakeExchange::chat(Some("s"), b"{}".to_vec(), "ok");
+    ex.headers.push(("x-session-id", "visible-session".into()));
+    ex.headers.push(("x-team-token", "TEAM-SECRET-0009".into()));
+    ex.headers
+        .push(("x-custom-credential-carrier", "CUSTOM-SECRET-0010".into()));
+    ex.headers.push(("user-agent", "agent/1.0".into()));
+    ex.response_headers.push(("x-request-id", "req-1".into()));
+    drive(rec.sink.as_ref(), &ex);
+    rec.finish().await;
+
+    let bytes = all_bytes(dir.path());
+    assert!(!contains(&bytes, b"TEAM-SECRET"));
+    assert!(!contains(&bytes, b"CUSTOM-SECRET"));
+    let back = read_all(dir.path());
+    let record = &back[0].record;
+    let names: Vec<&str> = record
+        .request
+        .headers
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(names, ["content-type", "x-session-id", "x-team-token"]);
+    assert!(record.request.headers[2].1.starts_with("REDACTED-"));
+    let response = record.response.as_ref().unwrap();
+    let names: Vec<&str> = response.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["content-type"]);
+}
+
 // Rotation: past `rotate_bytes` a new segment starts; names sort in creation order, every
 // segment opens with its header and decodes alone (no delta reaches into a previous one), and
 // together they hold every exchange in order.

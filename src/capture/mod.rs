@@ -11,6 +11,7 @@ pub mod export;
 pub mod format;
 pub mod open_loop;
 pub mod reader;
+pub mod redact;
 pub mod sink;
 pub mod writer;
 
@@ -33,15 +34,7 @@ pub enum FullPolicy {
     Drop,
 }
 
-/// Headers whose values are never stored, only their hash (case-insensitive names).
-pub const DEFAULT_REDACTED_HEADERS: [&str; 6] = [
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "cookie",
-    "set-cookie",
-];
+pub use redact::{HeaderMode, DEFAULT_REDACTED_HEADERS, DEFAULT_REDACTED_QUERY_PARAMS};
 
 /// The proxy's `[capture]` section.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -66,8 +59,16 @@ pub struct CaptureConfig {
     pub rotate_bytes: u64,
     /// … or past this age (seconds).
     pub rotate_age_s: u64,
-    /// Header names stored as `REDACTED-<first 16 hex of sha256>` (case-insensitive).
+    /// Header name patterns whose values are stored as `REDACTED-<first 16 hex of sha256>`
+    /// (case-insensitive; `*` at either end matches anything).
     pub redact_headers: Vec<String>,
+    /// `deny`: every header is stored (secrets hashed); `allow`: only `content-type` and the
+    /// headers matching `keep_headers`.
+    pub header_mode: HeaderMode,
+    /// With `header_mode = "allow"`: the header name patterns stored.
+    pub keep_headers: Vec<String>,
+    /// Query parameter name patterns whose values are stored as `REDACTED-<hash>`.
+    pub redact_query_params: Vec<String>,
     /// zstd level of the segments (1–19).
     pub zstd_level: i32,
 }
@@ -84,6 +85,12 @@ impl Default for CaptureConfig {
             rotate_bytes: 256 * 1024 * 1024,
             rotate_age_s: 3600,
             redact_headers: DEFAULT_REDACTED_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            header_mode: HeaderMode::Deny,
+            keep_headers: Vec::new(),
+            redact_query_params: DEFAULT_REDACTED_QUERY_PARAMS
                 .iter()
                 .map(|h| h.to_string())
                 .collect(),
@@ -122,13 +129,12 @@ impl CaptureConfig {
         if self.rotate_age_s == 0 {
             return Err("capture.rotate_age_s: must be >= 1, got 0".into());
         }
-        for name in &self.redact_headers {
-            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(format!(
-                    "capture.redact_headers: not a header name: {name:?}"
-                ));
-            }
+        if self.header_mode == HeaderMode::Deny && !self.keep_headers.is_empty() {
+            return Err(
+                "capture.keep_headers: applies only with capture.header_mode = \"allow\"".into(),
+            );
         }
+        self.redactor()?;
         if !(1..=19).contains(&self.zstd_level) {
             return Err(format!(
                 "capture.zstd_level: must be in 1..=19, got {}",
@@ -136,6 +142,16 @@ impl CaptureConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The compiled redaction settings; the error names the field and the bad pattern.
+    pub(crate) fn redactor(&self) -> Result<redact::Redactor, String> {
+        redact::Redactor::new(
+            self.header_mode,
+            &self.redact_headers,
+            &self.keep_headers,
+            &self.redact_query_params,
+        )
     }
 
     /// The flush interval as a duration.
@@ -220,9 +236,10 @@ impl Recorder {
     /// forwarding.
     pub fn start(config: &CaptureConfig) -> Result<Recorder, CaptureError> {
         config.validate().map_err(CaptureError::Config)?;
+        let redact = config.redactor().map_err(CaptureError::Config)?;
         let (queue, rx) = sink::queue(config);
         let shared = queue.shared.clone();
-        let writer = writer::spawn(config.clone(), rx, shared.clone())?;
+        let writer = writer::spawn(config.clone(), redact, rx, shared.clone())?;
         Ok(Recorder {
             sink: Arc::new(sink::RecorderSink::new(config, queue)),
             shared,
@@ -290,7 +307,8 @@ mod tests {
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.flush_interval(), Duration::from_secs(1));
         assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 3600));
-        assert_eq!(c.redact_headers.len(), 6);
+        assert_eq!(c.redact_headers.len(), DEFAULT_REDACTED_HEADERS.len());
+        assert_eq!(c.header_mode, HeaderMode::Deny);
     }
 
     #[test]
@@ -323,7 +341,15 @@ mod tests {
         );
         bad(
             |c| c.redact_headers.push("bad header".into()),
-            "\"bad header\"",
+            "capture.redact_headers: not a name, or a name with `*` at its start or end: \"bad header\"",
+        );
+        bad(
+            |c| c.redact_query_params.push("a=b".into()),
+            "capture.redact_query_params: not a name",
+        );
+        bad(
+            |c| c.keep_headers.push("x-session-id".into()),
+            "capture.keep_headers: applies only with capture.header_mode = \"allow\"",
         );
         bad(|c| c.dir = PathBuf::new(), "dir: must not be empty");
     }

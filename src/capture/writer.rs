@@ -2,7 +2,7 @@
 //! the async runtime) that delta-encodes request bodies per session, writes zstd JSONL
 //! segments, flushes every interval, rotates by size and age, and counts every failure.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,6 +17,7 @@ use super::format::{
     self, DeltaBase, DroppedRecord, EndKind, ExchangeRecord, Line, Offsets, SegmentHeader,
     StoredBody, StoredRequest, StoredResponse,
 };
+use super::redact::Redactor;
 use super::sink::{Captured, Msg, Shared};
 use super::{CaptureConfig, CaptureError};
 use crate::proxy::tap::ExchangeEnd;
@@ -36,6 +37,7 @@ impl WriterHandle {
 /// Starts the writer thread.
 pub(crate) fn spawn(
     config: CaptureConfig,
+    redact: Redactor,
     rx: Receiver<Msg>,
     shared: Arc<Shared>,
 ) -> Result<WriterHandle, CaptureError> {
@@ -43,7 +45,7 @@ pub(crate) fn spawn(
     std::thread::Builder::new()
         .name("capture-writer".into())
         .spawn(move || {
-            Writer::new(config, shared).run(rx);
+            Writer::new(config, redact, shared).run(rx);
             let _ = done_tx.send(());
         })
         .map_err(CaptureError::Spawn)?;
@@ -92,7 +94,7 @@ struct SessionBase {
 struct Writer {
     config: CaptureConfig,
     shared: Arc<Shared>,
-    redact: HashSet<String>,
+    redact: Redactor,
     tag: String,
     seq: u64,
     segment: Option<Segment>,
@@ -108,12 +110,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(config: CaptureConfig, shared: Arc<Shared>) -> Self {
-        let redact = config
-            .redact_headers
-            .iter()
-            .map(|h| h.to_ascii_lowercase())
-            .collect();
+    fn new(config: CaptureConfig, redact: Redactor, shared: Arc<Shared>) -> Self {
         Writer {
             redact,
             tag: format!("{:08x}", rand::random::<u32>()),
@@ -433,29 +430,12 @@ fn unix_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn headers(map: &http::HeaderMap, redact: &HashSet<String>) -> Vec<(String, String)> {
-    map.iter()
-        .map(|(name, value)| {
-            let v = if redact.contains(name.as_str()) {
-                format::redacted(value.as_bytes())
-            } else {
-                String::from_utf8_lossy(value.as_bytes()).into_owned()
-            };
-            (name.as_str().to_owned(), v)
-        })
-        .collect()
-}
-
 fn micros(from: tokio::time::Instant, at: tokio::time::Instant) -> u64 {
     at.saturating_duration_since(from).as_micros() as u64
 }
 
 /// Builds the stored record of one exchange; `base` is the session's previous body.
-pub(crate) fn encode(
-    c: &Captured,
-    base: Option<&Bytes>,
-    redact: &HashSet<String>,
-) -> ExchangeRecord {
+pub(crate) fn encode(c: &Captured, base: Option<&Bytes>, redact: &Redactor) -> ExchangeRecord {
     let s = &c.start;
     let body = &s.request_body;
     let complete_request = c.request_len == body.len();
@@ -514,7 +494,7 @@ pub(crate) fn encode(
         };
         StoredResponse {
             status: status.as_u16(),
-            headers: headers(head_headers, redact),
+            headers: redact.headers(head_headers),
             body,
             frame_us,
             frame_len: c.frame_times.iter().map(|f| f.1 as u64).collect(),
@@ -533,7 +513,7 @@ pub(crate) fn encode(
         backend: s.backend.clone(),
         start_unix_ns: s.started_unix_ns as u64,
         method: s.method.as_str().to_owned(),
-        path: s.path_and_query.clone(),
+        path: redact.path(&s.path_and_query),
         t: Offsets {
             received_us: micros(start, s.request_received_at),
             head_us: c.head.as_ref().map(|h| micros(start, h.2)),
@@ -541,7 +521,7 @@ pub(crate) fn encode(
             end_us: micros(start, c.end_at),
         },
         request: StoredRequest {
-            headers: headers(&s.request_headers, redact),
+            headers: redact.headers(&s.request_headers),
             body: request_body,
         },
         response,
