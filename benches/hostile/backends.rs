@@ -257,11 +257,13 @@ async fn serve_raw(mut stream: TcpStream, how: Misbehaviour) {
     }
 }
 
-/// `100 Continue` interim responses, as fast as the peer reads them, until it goes away.
+/// `100 Continue` interim responses, as fast as the peer reads them, until it goes away. Large
+/// writes keep the peer's socket full, so it never waits for the next one.
 async fn storm(mut stream: TcpStream) {
     STORM.fetch_add(1, Relaxed);
     STORM_OPEN.fetch_add(1, Relaxed);
-    let block = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(160);
+    const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let block = CONTINUE.repeat(64 * 1024 / CONTINUE.len());
     while stream.write_all(&block).await.is_ok() {}
     STORM_OPEN.fetch_sub(1, Relaxed);
 }
