@@ -50,15 +50,32 @@ pub enum H1Error {
     /// Content-Length and Transfer-Encoding disagree or do not parse.
     #[error("invalid message framing: {0}")]
     Framing(&'static str),
-    /// A transfer coding other than chunked, which the proxy does not decode.
+    /// A transfer coding the proxy does not decode: under `chunked`, or in a response
+    /// without it.
     #[error("unsupported transfer-encoding (only chunked is understood)")]
     UnsupportedCoding,
+    /// `CONNECT`, which asks for a tunnel the proxy does not open.
+    #[error("CONNECT is not supported: the proxy opens no tunnels")]
+    Connect,
     /// A chunked body is malformed.
     #[error("malformed chunked body")]
     Chunked,
     /// The peer closed the connection before the message ended.
     #[error("connection closed before the message ended")]
     Incomplete,
+}
+
+impl H1Error {
+    /// The status a client is refused with for a request that has this error (a backend's
+    /// response with one gets 502 instead).
+    pub fn status(&self) -> StatusCode {
+        match self {
+            H1Error::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            H1Error::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
+            H1Error::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
 }
 
 /// How a message body is delimited on the wire.
@@ -180,6 +197,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
         .head()
         .slice(target as usize..(target + target_len) as usize);
     let uri = Uri::from_maybe_shared(target).map_err(|_| H1Error::Invalid("request target"))?;
+    check_target(&method, &uri)?;
     // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1, at most one in HTTP/1.0. An empty one
     // is refused too: the RFC allows it only for a target without an authority, which no
     // request the proxy forwards is.
@@ -190,7 +208,7 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
         1 => return Err(H1Error::Invalid("Host (not host[:port])")),
         _ => return Err(H1Error::Invalid("Host (more than one)")),
     }
-    let framing = request_framing(&headers, seen)?;
+    let framing = request_framing(version, &headers, seen)?;
     let keep_alive = keeps_alive(version, &headers, seen);
     Ok(Some(RequestHead {
         method,
@@ -200,6 +218,41 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error>
         framing,
         keep_alive,
     }))
+}
+
+/// Whether the request-target has a form RFC 9112 §3.2 allows for the method: origin-form
+/// (`/path?query`), absolute-form (`http` or `https`, a valid host, no userinfo, which RFC 9110
+/// §4.2.4 deprecates), or `*` for `OPTIONS`. The authority-form is `CONNECT`'s, refused here.
+fn check_target(method: &Method, uri: &Uri) -> Result<(), H1Error> {
+    if method == Method::CONNECT {
+        return Err(H1Error::Connect);
+    }
+    let Some(authority) = uri.authority() else {
+        // `http` parses `*` and `/…` as a bare path; anything else without a scheme (`a`,
+        // `a:80`) as an authority.
+        return match uri.path() {
+            "*" if method == Method::OPTIONS && uri.query().is_none() => Ok(()),
+            "*" => Err(H1Error::Invalid("request target (* is for OPTIONS only)")),
+            path if path.starts_with('/') && uri.scheme().is_none() => Ok(()),
+            _ => Err(H1Error::Invalid(
+                "request target (not origin-form, absolute-form or *)",
+            )),
+        };
+    };
+    let http = uri
+        .scheme_str()
+        .is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    if !http {
+        return Err(H1Error::Invalid(
+            "request target (not origin-form, absolute-form or *)",
+        ));
+    }
+    if !fields::is_valid_host(authority.as_str().as_bytes()) {
+        return Err(H1Error::Invalid(
+            "request target (authority is not host[:port])",
+        ));
+    }
+    Ok(())
 }
 
 /// Parses a response head from the front of `buf`, removing it; `None` until it is complete.
@@ -226,7 +279,7 @@ pub fn parse_response(
     let version = version_of(resp.version);
     let spans = spans_of(buf, resp.headers);
     let (mut headers, seen) = take_head(buf, len, spans);
-    let framing = response_framing(status, &headers, seen, head_request)?;
+    let framing = response_framing(status, version, &headers, seen, head_request)?;
     // Transfer-Encoding overrides Content-Length, which must not be passed on (RFC 9112 §6.3).
     if seen.transfer_encoding && seen.content_length {
         headers.remove("content-length");
@@ -320,38 +373,85 @@ fn codings(headers: &impl Fields) -> impl Iterator<Item = &[u8]> {
         .filter(|c| !c.is_empty())
 }
 
-/// Whether `Transfer-Encoding` ends in `chunked`; `None` without the header.
-fn chunked_last(headers: &impl Fields) -> Option<bool> {
-    codings(headers)
-        .last()
-        .map(|c| c.eq_ignore_ascii_case(b"chunked"))
+/// What `Transfer-Encoding` says of a body whose framing the proxy can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Codings {
+    /// `chunked` alone.
+    Chunked,
+    /// `chunked` over other codings (gzip, …), which the proxy does not decode.
+    ChunkedOverOthers,
+    /// No `chunked` (RFC 9112 §6.3: a request's length cannot be told; a response's runs to
+    /// the close).
+    NotChunked,
 }
 
-fn request_framing(headers: &impl Fields, seen: Seen) -> Result<Framing, H1Error> {
-    if !seen.transfer_encoding && !seen.content_length {
+/// Reads `Transfer-Encoding` (present in the head). An empty list, or `chunked` anywhere but
+/// last (RFC 9112 §7: it is applied once, as the final coding), is faulty framing.
+fn transfer_codings(headers: &impl Fields) -> Result<Codings, H1Error> {
+    let (mut count, mut chunked, mut last_chunked) = (0, 0, false);
+    for coding in codings(headers) {
+        count += 1;
+        last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+        chunked += usize::from(last_chunked);
+    }
+    match (count, chunked, last_chunked) {
+        (0, ..) => Err(H1Error::Framing("an empty transfer-encoding")),
+        (1, 1, true) => Ok(Codings::Chunked),
+        (_, 1, true) => Ok(Codings::ChunkedOverOthers),
+        (_, 0, _) => Ok(Codings::NotChunked),
+        _ => Err(H1Error::Framing(
+            "chunked is not the final transfer coding, or is applied twice",
+        )),
+    }
+}
+
+fn request_framing(
+    version: Version,
+    headers: &impl Fields,
+    seen: Seen,
+) -> Result<Framing, H1Error> {
+    if seen.transfer_encoding {
+        // RFC 9112 §6.1: HTTP/1.0 has no transfer codings, so the framing is faulty.
+        if version == Version::HTTP_10 {
+            return Err(H1Error::Framing("transfer-encoding in an HTTP/1.0 message"));
+        }
+        // Both headers is how requests are smuggled past a proxy: refuse it.
+        if seen.content_length {
+            return Err(H1Error::Framing(
+                "both transfer-encoding and content-length",
+            ));
+        }
+        return match transfer_codings(headers)? {
+            Codings::Chunked => Ok(Framing::Chunked),
+            // Valid framing, but the coding under the chunks would be lost in the
+            // length-framed copy sent on: RFC 9110 §6.1's 501 for a coding not understood.
+            Codings::ChunkedOverOthers => Err(H1Error::UnsupportedCoding),
+            // RFC 9112 §6.3: the length cannot be told; 400 and close.
+            Codings::NotChunked => {
+                Err(H1Error::Framing("the final transfer coding is not chunked"))
+            }
+        };
+    }
+    if !seen.content_length {
         return Ok(Framing::Empty);
     }
-    match chunked_last(headers) {
-        // Both headers is how requests are smuggled past a proxy: refuse it.
-        Some(_) if seen.content_length => Err(H1Error::Framing(
-            "both transfer-encoding and content-length",
-        )),
-        // A coding under the chunks (gzip, …) would be lost in the length-framed copy sent on.
-        Some(true) if codings(headers).count() == 1 => Ok(Framing::Chunked),
-        Some(_) => Err(H1Error::UnsupportedCoding),
-        None => Ok(match content_length(headers)? {
-            Some(0) | None => Framing::Empty,
-            Some(n) => Framing::Length(n),
-        }),
-    }
+    Ok(match content_length(headers)? {
+        Some(0) | None => Framing::Empty,
+        Some(n) => Framing::Length(n),
+    })
 }
 
 fn response_framing(
     status: StatusCode,
+    version: Version,
     headers: &impl Fields,
     seen: Seen,
     head_request: bool,
 ) -> Result<Framing, H1Error> {
+    // RFC 9112 §6.1, as for requests; a proxy answers such a response with 502 (§6.3).
+    if seen.transfer_encoding && version == Version::HTTP_10 {
+        return Err(H1Error::Framing("transfer-encoding in an HTTP/1.0 message"));
+    }
     if head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
@@ -359,21 +459,21 @@ fn response_framing(
     {
         return Ok(Framing::Empty);
     }
-    let chunked = seen
-        .transfer_encoding
-        .then(|| chunked_last(headers))
-        .flatten();
-    Ok(match chunked {
-        Some(true) if codings(headers).count() == 1 => Framing::Chunked,
-        // Under the chunks (gzip, …) or alone: the coding is hop-by-hop and would be lost,
-        // passing coded bytes off as the content.
-        Some(_) => return Err(H1Error::UnsupportedCoding),
-        None if !seen.content_length => Framing::UntilClose,
-        None => match content_length(headers)? {
-            Some(0) => Framing::Empty,
-            Some(n) => Framing::Length(n),
-            None => Framing::UntilClose,
-        },
+    if seen.transfer_encoding {
+        return match transfer_codings(headers)? {
+            Codings::Chunked => Ok(Framing::Chunked),
+            // Under the chunks (gzip, …) or alone: the coding is hop-by-hop and would be lost,
+            // passing coded bytes off as the content.
+            Codings::ChunkedOverOthers | Codings::NotChunked => Err(H1Error::UnsupportedCoding),
+        };
+    }
+    if !seen.content_length {
+        return Ok(Framing::UntilClose);
+    }
+    Ok(match content_length(headers)? {
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
     })
 }
 
@@ -742,12 +842,11 @@ mod tests {
             parse_request(&mut buf(largest)).unwrap().unwrap().framing,
             Framing::Length(u64::MAX)
         );
-        for coded in ["gzip", "gzip, chunked"] {
+        let fields = "transfer-encoding: gzip, chunked\r\n";
+        assert!(matches!(refused(fields), H1Error::UnsupportedCoding));
+        for coded in ["gzip", "chunked, gzip", "chunked, chunked", ""] {
             let fields = format!("transfer-encoding: {coded}\r\n");
-            assert!(
-                matches!(refused(&fields), H1Error::UnsupportedCoding),
-                "{coded}"
-            );
+            assert!(matches!(refused(&fields), H1Error::Framing(_)), "{coded}");
         }
         assert!(matches!(refused("host: b\r\n"), H1Error::Invalid(_)));
         let no_host = "GET / HTTP/1.1\r\n\r\n";
@@ -829,7 +928,7 @@ mod tests {
             "a close-delimited body ends the connection"
         );
         assert!(!parse("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n", false).keep_alive);
-        for coded in ["gzip", "gzip, chunked", "chunked, chunked"] {
+        for coded in ["gzip", "gzip, chunked"] {
             let head = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: {coded}\r\n\r\n");
             assert!(
                 matches!(
@@ -837,6 +936,18 @@ mod tests {
                     Err(H1Error::UnsupportedCoding)
                 ),
                 "{coded}"
+            );
+        }
+        for faulty in [
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, chunked\r\n\r\n",
+            "HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            assert!(
+                matches!(
+                    parse_response(&mut buf(faulty), false),
+                    Err(H1Error::Framing(_))
+                ),
+                "{faulty}"
             );
         }
     }

@@ -250,13 +250,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             match h1::parse_request(&mut self.buf) {
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
+                Err(H1Error::Connect) => {
+                    let answer = upstream::refuse_connect(inner);
+                    return self.close_with(inner, answer, deadline).await;
+                }
                 Err(e) => {
-                    let status = match e {
-                        H1Error::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                        H1Error::UnsupportedCoding => StatusCode::NOT_IMPLEMENTED,
-                        _ => StatusCode::BAD_REQUEST,
-                    };
-                    return self.refuse(inner, status, &e.to_string(), deadline).await;
+                    return self
+                        .refuse(inner, e.status(), &e.to_string(), deadline)
+                        .await
                 }
             }
             let idle = self.buf.is_empty();
@@ -472,6 +473,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         deadline: &mut Deadline,
     ) -> Next {
         let answer = upstream::refuse(inner, status, "invalid_request_error", message);
+        self.close_with(inner, answer, deadline).await
+    }
+
+    /// Sends `answer` and closes.
+    async fn close_with(&mut self, inner: &Inner, answer: Answer, deadline: &mut Deadline) -> Next {
         self.respond(inner, answer, false, Version::HTTP_11, false, deadline)
             .await;
         self.linger(deadline).await;

@@ -303,9 +303,12 @@ pub async fn handle(
     read_and_forward(inner, req, client).await.into_response()
 }
 
-/// The answer to an HTTP/2 request whose head HTTP/1.1 ingress would refuse too: an
-/// `:authority` or `Host` that is not a valid host, or more than one `Host` (400).
+/// The answer to an HTTP/2 request whose head HTTP/1.1 ingress would refuse too: `CONNECT`
+/// (405), an `:authority` or `Host` that is not a valid host, or more than one `Host` (400).
 fn refused_head(inner: &Inner, req: &Request<Incoming>) -> Option<Answer> {
+    if req.method() == Method::CONNECT {
+        return Some(refuse_connect(inner));
+    }
     let authority_ok = req
         .uri()
         .authority()
@@ -621,6 +624,23 @@ fn retry_reason(e: &PoolError) -> RetryReason {
 pub fn refuse(inner: &Inner, status: StatusCode, kind: &'static str, message: &str) -> Answer {
     inner.metrics.refused(status);
     error_response(status, kind, message)
+}
+
+/// The methods the proxy forwards, as a 405 must list them (RFC 9110 §15.5.6); extension
+/// methods are forwarded too, only `CONNECT` is not.
+const ALLOWED_METHODS: HeaderValue =
+    HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
+
+/// The answer to `CONNECT`: the proxy forwards requests and opens no tunnels.
+pub fn refuse_connect(inner: &Inner) -> Answer {
+    let mut answer = refuse(
+        inner,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "CONNECT is not supported: the proxy opens no tunnels",
+    );
+    answer.headers.set(header::ALLOW, ALLOWED_METHODS);
+    answer
 }
 
 /// The answer to a request body over `max_request_body_bytes`.
