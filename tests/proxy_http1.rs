@@ -21,8 +21,14 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 
 use support::backends::*;
 use support::raw_http1::*;

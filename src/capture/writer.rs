@@ -576,7 +576,8 @@ mod tests {
             ..CaptureConfig::default()
         };
         let (queue, _rx) = super::super::sink::queue(&config);
-        let mut writer = Writer::new(config, queue.shared);
+        let redact = config.redactor().unwrap();
+        let mut writer = Writer::new(config, redact, queue.shared);
         let now = tokio::time::Instant::now();
         for i in 0..100 {
             let mut key = format!("{i:08}-");
