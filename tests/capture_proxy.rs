@@ -17,14 +17,15 @@ use tokio::time::{Duration, Instant};
 
 const SECRET: &str = "Bearer sk-e2e-SECRET-token-123456";
 
-fn messages(body: &[u8]) -> Value {
-    serde_json::from_slice::<Value>(body).unwrap()["messages"].clone()
+fn json_body(body: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(body).unwrap()
 }
 
 // Round trip: 20 turns of one session through proxy (capture on) → simulator; the capture
 // holds each request and response byte for byte with the secret redacted; its export passes
 // the dataset validator with 20 client turns; a closed-loop replay of that export through a
-// second capturing proxy sends exactly the same messages, turn by turn.
+// second capturing proxy sends the same request bodies, turn by turn and field by field
+// (messages and every generation setting the agent set).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     let (stop_sim, sim_shutdown) = agentrace::shutdown::channel();
@@ -105,10 +106,15 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
         .zip(&replayed.exchanges)
         .enumerate()
     {
+        let captured = json_body(a.request_body.as_ref().unwrap());
+        let replayed = json_body(b.request_body.as_ref().unwrap());
+        for (field, value) in captured.as_object().unwrap() {
+            assert_eq!(replayed.get(field), Some(value), "turn {i}: {field}");
+        }
         assert_eq!(
-            messages(a.request_body.as_ref().unwrap()),
-            messages(b.request_body.as_ref().unwrap()),
-            "turn {i}"
+            replayed.as_object().unwrap().len(),
+            captured.as_object().unwrap().len(),
+            "turn {i}: the replay sent fields the agent did not: {replayed}"
         );
     }
     stop_sim.fire();

@@ -170,7 +170,6 @@ impl Builder {
             return self.skip("request has no messages");
         };
         let messages = messages.clone();
-        let tools = request.get("tools").cloned();
         let reply = response_message(e);
         self.report.exchanges += 1;
 
@@ -209,7 +208,7 @@ impl Builder {
                 if let Some(answer) = echoed.or(recorded) {
                     c.push_message(&answer);
                 }
-                c.push_messages(new, tools.as_ref(), Some(delay));
+                c.push_messages(new, &request, Some(delay));
                 i
             }
             _ => {
@@ -240,7 +239,7 @@ impl Builder {
                         .map(str::to_owned);
                     rest = &rest[1..];
                 }
-                c.push_messages(rest, tools.as_ref(), None);
+                c.push_messages(rest, &request, None);
                 if let (Some(s), Some(first)) = (system, c.rows.first_mut()) {
                     first.insert("system".into(), Value::String(s));
                 }
@@ -305,7 +304,13 @@ impl Conversation {
 
     /// Appends messages as rows, grouping consecutive user messages (joined by a blank line)
     /// and consecutive tool messages (one row of `tool_results`), as the reference converter.
-    fn push_messages(&mut self, messages: &[Value], tools: Option<&Value>, delay: Option<f64>) {
+    /// Client rows carry the `request`'s tools and generation settings.
+    fn push_messages(
+        &mut self,
+        messages: &[Value],
+        request: &Map<String, Value>,
+        delay: Option<f64>,
+    ) {
         let mut i = 0;
         let mut delay = delay;
         while i < messages.len() && !self.closed {
@@ -323,7 +328,7 @@ impl Conversation {
                 _ => None,
             };
             match row {
-                Some(row) => self.push_row(row, true, tools, delay.take()),
+                Some(row) => self.push_row(row, Some(request), delay.take()),
                 None if r == "assistant" => self.push_message(&messages[i]),
                 None => self.closed = true,
             }
@@ -334,16 +339,16 @@ impl Conversation {
     /// Appends one assistant message as a row.
     fn push_message(&mut self, message: &Value) {
         match assistant_row(message) {
-            Some(row) => self.push_row(row, false, None, None),
+            Some(row) => self.push_row(row, None, None),
             None => self.closed = true,
         }
     }
 
+    /// Appends one row; `request` is the one a client row was sent in, `None` for replies.
     fn push_row(
         &mut self,
         mut row: Map<String, Value>,
-        client: bool,
-        tools: Option<&Value>,
+        request: Option<&Map<String, Value>>,
         delay: Option<f64>,
     ) {
         if self.closed {
@@ -363,8 +368,8 @@ impl Conversation {
                 return;
             }
         };
-        if client {
-            if let Some(t) = tools {
+        if let Some(request) = request {
+            if let Some(t) = request.get("tools") {
                 match (&self.tools, self.last) {
                     (None, Last::Start) => {
                         self.tools = Some(t.clone());
@@ -376,6 +381,11 @@ impl Conversation {
                     }
                 }
             }
+            for (key, v) in request {
+                if is_generation_setting(key) && !v.is_null() {
+                    row.insert(key.clone(), v.clone());
+                }
+            }
             if let Some(d) = delay.filter(|d| *d > 0.0) {
                 row.insert("delay_seconds".into(), json!((d * 1e6).round() / 1e6));
             }
@@ -383,6 +393,15 @@ impl Conversation {
         self.last = next;
         self.rows.push(row);
     }
+}
+
+/// Whether a request field goes on its client rows as a per-row override: every field the
+/// dataset format reads from a row, so a replay asks for what the agent asked for (a capture
+/// of `max_completion_tokens: 32` must not replay at the default 1,024). `model` is left out:
+/// it names the deployment, which the replay's `--model-name` chooses; `tools` has its own
+/// first-row rule.
+fn is_generation_setting(key: &str) -> bool {
+    key != "model" && key != "tools" && crate::dataset::load::REQUEST_KEYS.contains(&key)
 }
 
 fn role(m: &Value) -> &str {

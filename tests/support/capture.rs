@@ -475,7 +475,8 @@ pub async fn post(
 
 /// Runs an agent-like session of `turns` through `url`: every turn resends the history plus
 /// the reply it got (as the reference sends assistant messages) and a tool result or a user
-/// message. Returns the request bodies sent and the response bytes received.
+/// message, with the generation settings an agent sets. Returns the request bodies sent and
+/// the response bytes received.
 pub async fn agent_session(
     client: &Client,
     url: &str,
@@ -492,7 +493,10 @@ pub async fn agent_session(
     let mut replies = Vec::new();
     for turn in 0..turns {
         let body = serde_json::to_vec(&json!({"model": "m", "messages": messages,
-            "max_completion_tokens": 48, "stream": true}))
+            "max_completion_tokens": 48, "stream": true, "temperature": 0.25, "top_p": 0.9,
+            "top_k": 20, "seed": 7, "stop": ["</done>"],
+            "chat_template_kwargs": {"enable_thinking": false},
+            "stream_options": {"include_usage": true}}))
         .unwrap();
         let mut headers = vec![("x-session-id", session)];
         headers.extend_from_slice(extra_headers);
