@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-server` from source and writes a tiny random-weight GGUF model, so
+# agentrace can be tested against a real engine on a machine with no GPU and no model files.
+#
+# Everything comes from the package registries: llama.cpp as vendored in the llama-cpp-python
+# source distribution (PyPI), cmake, gguf and numpy (PyPI). Both artefacts are cached outside
+# the work tree; a second run finds them and returns at once.
+#
+#   scripts/real-engine.sh [--words FILE]...   # FILE: text whose words the vocabulary covers
+#
+# Prints, and writes to $CACHE/env, the two variables tests/real_engine.rs reads:
+#   AGENTRACE_LLAMA_SERVER=…/llama-server  AGENTRACE_TINY_GGUF=…/tiny.gguf
+set -euo pipefail
+
+cache="${AGENTRACE_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrace/real-engine}"
+version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+here="$(cd "$(dirname "$0")" && pwd)"
+words=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --words) words+=(--words "$(realpath "$2")"); shift 2 ;;
+        *) echo "real-engine.sh: unknown argument '$1' (expected --words FILE)" >&2; exit 2 ;;
+    esac
+done
+
+mkdir -p "$cache"
+server="$cache/bin/llama-server"
+model="$cache/tiny.gguf"
+started=$(date +%s)
+
+if [ ! -x "$cache/venv/bin/python" ]; then
+    python3 -m venv "$cache/venv"
+fi
+"$cache/venv/bin/pip" install --quiet --disable-pip-version-check cmake gguf numpy
+
+if [ ! -x "$server" ]; then
+    src="$cache/src"
+    if [ ! -d "$src/llama_cpp_python-$version" ]; then
+        mkdir -p "$src"
+        # The archive itself, from PyPI's simple index, checked against the hash the index
+        # gives: `pip download` would first build the package's metadata, and cmake with it.
+        sdist="llama_cpp_python-$version.tar.gz"
+        link=$(curl -fsSL "https://pypi.org/simple/llama-cpp-python/" |
+            grep -o "https://[^\"]*/$sdist#sha256=[0-9a-f]*" | head -1)
+        if [ -z "$link" ]; then
+            echo "real-engine.sh: PyPI lists no $sdist" >&2
+            exit 1
+        fi
+        curl -fsSL "${link%%#*}" -o "$src/$sdist"
+        echo "${link##*=}  $src/$sdist" | sha256sum --check --quiet
+        tar -xzf "$src/$sdist" -C "$src"
+    fi
+    llama="$src/llama_cpp_python-$version/vendor/llama.cpp"
+    "$cache/venv/bin/cmake" -S "$llama" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$cache/cmake-configure.log"
+    "$cache/venv/bin/cmake" --build "$cache/build" --target llama-server \
+        -j "$(nproc)" >"$cache/cmake-build.log"
+    mkdir -p "$cache/bin"
+    cp "$cache/build/bin/llama-server" "$server"
+fi
+
+if [ ! -s "$model" ] || [ ${#words[@]} -gt 0 ]; then
+    "$cache/venv/bin/python" "$here/tiny_gguf.py" "$model.tmp" "${words[@]}" >/dev/null
+    mv "$model.tmp" "$model"
+fi
+
+cat >"$cache/env" <<EOF
+AGENTRACE_LLAMA_SERVER=$server
+AGENTRACE_TINY_GGUF=$model
+EOF
+echo "real engine ready in $(( $(date +%s) - started )) s:"
+cat "$cache/env"
