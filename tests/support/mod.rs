@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod capture;
 pub mod dataset;
+pub mod engine;
 pub mod raw_http1;
 pub mod replay;
 pub mod sim;

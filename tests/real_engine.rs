@@ -1,0 +1,301 @@
+//! agentrace against a real engine: llama.cpp's `llama-server` serving a tiny random-weight
+//! model (`scripts/real-engine.sh` builds both). Every test prints a skip line and passes when
+//! the artefacts are absent, so a clone without them still passes `cargo test`.
+//!
+//! Invariants: a replay straight at the server succeeds on every turn with the server's own
+//! usage, cached tokens included, even when the next turn follows at once on a connection the
+//! server closes after each stream; session affinity keeps a conversation's prefix cached where
+//! round-robin loses it (more cached tokens, fewer prompt tokens processed); capture → export
+//! → replay sends the captured request bodies again, field by field; a server killed mid-run
+//! costs only the turns it held.
+
+mod support;
+
+use std::sync::Arc;
+
+use agentrace::dataset::ModelParams;
+use agentrace::replay::config::ReplayConfig;
+use serde_json::Value;
+use support::engine::{artefacts, Engine};
+
+/// Replay settings for the tiny model: 8 new tokens a turn, greedy, no salt, no delays.
+fn replay_config(target: &str, concurrency: usize) -> ReplayConfig {
+    ReplayConfig {
+        target: target.to_string(),
+        concurrency,
+        enable_salt: false,
+        inject_tool_delay: false,
+        progress: false,
+        model_params: Some(ModelParams {
+            name: "tiny".into(),
+            max_new_tokens: Some(8),
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn conversations(n: usize, turns: usize) -> Arc<agentrace::dataset::Dataset> {
+    support::replay::dataset(
+        (0..n)
+            .map(|i| support::replay::conversation(&format!("conv-{i}"), turns, &[], "ls -la src"))
+            .collect(),
+    )
+}
+
+fn summary_json(out: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(out.join("result_summary.json")).unwrap()).unwrap()
+}
+
+/// The prompt tokens a server has evaluated (not served from its cache), from its metrics.
+async fn prompt_tokens_processed(engine: &Engine) -> f64 {
+    let client = support::capture::client();
+    let req = http::Request::get(format!("{}/metrics", engine.url()))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix("llamacpp:prompt_tokens_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("llama-server exports llamacpp:prompt_tokens_total")
+}
+
+// Straight at one server, turns back to back (no delays) on connections the server closes
+// after each stream: every turn succeeds, token counts come from the server's usage, and its
+// prefix cache shows in the cached-token share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_straight_at_llama_server_succeeds_on_every_turn_with_its_usage() {
+    let Some((server, model)) = artefacts("replay_straight_at_llama_server") else {
+        return;
+    };
+    let engine = Engine::start(&server, &model, 2).await;
+    let ds = conversations(2, 12);
+    let out = tempfile::tempdir().unwrap();
+    let s = agentrace::replay::run(
+        replay_config(&engine.url(), 2),
+        ds,
+        out.path(),
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.turns_ok, s.failures), (24, 0), "{s:?}");
+    assert!(!s.tokens_estimated, "usage missing: {s:?}");
+    let cached = summary_json(out.path())["metrics"]["cached_token_ratio"]
+        .as_f64()
+        .expect("the server reported cached tokens");
+    assert!(cached > 0.3, "cached-token share {cached}");
+}
+
+// A conversation of 120 turns sent back to back: llama-server closes the connection after
+// each streamed response while advertising keep-alive, and not one turn may fail for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_turns_never_fail_on_a_connection_the_server_closed() {
+    let Some((server, model)) = artefacts("back_to_back_turns_never_fail") else {
+        return;
+    };
+    let engine = Engine::start(&server, &model, 1).await;
+    let out = tempfile::tempdir().unwrap();
+    let s = agentrace::replay::run(
+        replay_config(&engine.url(), 1),
+        conversations(1, 120),
+        out.path(),
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.turns_ok, s.failures), (120, 0), "{s:?}");
+}
+
+/// Replays `ds` through a fresh proxy with `policy` in front of two fresh servers; returns
+/// the cached-token share and the prompt tokens the servers evaluated.
+async fn run_policy(
+    server: &std::path::Path,
+    model: &std::path::Path,
+    policy: agentrace::proxy::config::Policy,
+    ds: Arc<agentrace::dataset::Dataset>,
+) -> (f64, f64) {
+    let engines = [
+        Engine::start(server, model, 2).await,
+        Engine::start(server, model, 2).await,
+    ];
+    let mut config = support::capture::proxy_config(&[engines[0].addr, engines[1].addr]);
+    config.affinity.policy = policy;
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let s = agentrace::replay::run(
+        replay_config(&format!("http://{}", proxy.addr), 4),
+        ds,
+        out.path(),
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.failures, 0, "{policy:?}: {s:?}");
+    stop.fire();
+    proxy.join().await;
+    let cached = summary_json(out.path())["metrics"]["cached_token_ratio"]
+        .as_f64()
+        .unwrap();
+    let processed =
+        prompt_tokens_processed(&engines[0]).await + prompt_tokens_processed(&engines[1]).await;
+    (cached, processed)
+}
+
+// Two servers with two slots each, four conversations at once: pinned to one server, a
+// conversation finds its prefix cached; sent round-robin, half its turns land where it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn affinity_caches_more_and_evaluates_fewer_prompt_tokens_than_round_robin() {
+    use agentrace::proxy::config::Policy;
+    let Some((server, model)) = artefacts("affinity_caches_more") else {
+        return;
+    };
+    let ds = conversations(4, 10);
+    let (session_cached, session_processed) =
+        run_policy(&server, &model, Policy::Session, ds.clone()).await;
+    let (rr_cached, rr_processed) = run_policy(&server, &model, Policy::RoundRobin, ds).await;
+    assert!(
+        session_cached > rr_cached + 0.1,
+        "cached share: session {session_cached:.3}, round-robin {rr_cached:.3}"
+    );
+    assert!(
+        session_processed < rr_processed * 0.8,
+        "prompt tokens evaluated: session {session_processed}, round-robin {rr_processed}"
+    );
+}
+
+// Capture → export → replay against the real server: the replay sends every captured request
+// body again, field by field (messages and generation settings), salt off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_traffic_replays_with_the_same_request_bodies() {
+    use agentrace::capture::export::{self, ExportOptions};
+    use agentrace::capture::reader;
+    let Some((server, model)) = artefacts("captured_traffic_replays") else {
+        return;
+    };
+    let engine = Engine::start(&server, &model, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = support::capture::start_proxy(
+        &[engine.addr],
+        Some(support::capture::config(&first)),
+        shutdown,
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", proxy.addr);
+    let client = support::capture::client();
+    support::capture::agent_session(&client, &url, "real-1", 6, &[]).await;
+    stop.fire();
+    proxy.join().await;
+
+    let dataset_path = dir.path().join("export.jsonl");
+    let report = export::export(&first, &dataset_path, &ExportOptions::default()).unwrap();
+    assert_eq!(report.client_turns, 6, "{report:?}");
+    let dataset = agentrace::dataset::load(&dataset_path, &Default::default()).unwrap();
+
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = support::capture::start_proxy(
+        &[engine.addr],
+        Some(support::capture::config(&second)),
+        shutdown,
+    )
+    .await;
+    let config = ReplayConfig {
+        model_params: None,
+        model_name: Some("m".into()),
+        ..replay_config(&format!("http://{}", proxy.addr), 1)
+    };
+    let out = dir.path().join("replay");
+    let s = agentrace::replay::run(
+        config,
+        Arc::new(dataset),
+        &out,
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.turns_ok, s.failures), (6, 0), "{s:?}");
+    stop.fire();
+    proxy.join().await;
+
+    let captured = reader::read_dir(&first).unwrap().exchanges;
+    let replayed = reader::read_dir(&second).unwrap().exchanges;
+    assert_eq!(captured.len(), replayed.len());
+    for (i, (a, b)) in captured.iter().zip(&replayed).enumerate() {
+        let a: Value = serde_json::from_slice(a.request_body.as_ref().unwrap()).unwrap();
+        let b: Value = serde_json::from_slice(b.request_body.as_ref().unwrap()).unwrap();
+        assert_eq!(a, b, "turn {i}");
+    }
+}
+
+// One of two servers killed while a replay runs through the proxy: its conversations move to
+// the other server and the run completes; the failures are at most the turns in flight on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_run_costs_only_its_turns_in_flight() {
+    let Some((server, model)) = artefacts("a_server_killed_mid_run") else {
+        return;
+    };
+    let mut doomed = Engine::start(&server, &model, 2).await;
+    let survivor = Engine::start(&server, &model, 2).await;
+    let config = support::capture::proxy_config(&[doomed.addr, survivor.addr]);
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+    let metrics_url = format!("http://{}/metrics", proxy.admin_addr);
+    let replay = tokio::spawn({
+        let target = format!("http://{}", proxy.addr);
+        async move {
+            let out = tempfile::tempdir().unwrap();
+            agentrace::replay::run(
+                replay_config(&target, 4),
+                conversations(4, 15),
+                out.path(),
+                support::replay::no_shutdown(),
+            )
+            .await
+            .unwrap()
+        }
+    });
+    // Kill the first server once it has answered some turns.
+    let client = support::capture::client();
+    let doomed_name = "b0";
+    loop {
+        let req = http::Request::get(&metrics_url)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let body = http_body_util::BodyExt::collect(client.request(req).await.unwrap().into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let served: f64 = String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| {
+                l.starts_with("agentrace_upstream_latency_seconds_count")
+                    && l.contains(&format!("backend=\"{doomed_name}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if served >= 8.0 || replay.is_finished() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    doomed.kill();
+    let s = replay.await.unwrap();
+    stop.fire();
+    proxy.join().await;
+    assert_eq!(s.turns_issued, 60, "{s:?}");
+    assert!(
+        s.failures <= 2,
+        "failures beyond the two slots in flight: {s:?}"
+    );
+    assert!(s.turns_ok >= 58, "{s:?}");
+}
