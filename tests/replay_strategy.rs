@@ -1,7 +1,8 @@
 //! The replayer's scheduling semantics against a real HTTP server of the test's own: the
 //! reference acceptance list §20 items 10–17 and 21–28 (ordering, concurrency cap, slot reuse,
 //! delays, timeouts and aborts, budget and repeats, routing headers, the performance window),
-//! plus what agentrace adds (cancellation, warmup, clear errors). Timing assertions are
+//! plus what agentrace adds (cancellation, warmup, clear errors, servers that close kept-alive
+//! connections after each response). Timing assertions are
 //! causal (this request arrived after that response ended), never tight wall-clock bounds.
 
 mod support;
@@ -698,4 +699,41 @@ fn shipped_configs_parse_and_validate() {
             cfg.enable_salt && cfg.inject_tool_delay && !cfg.stop_issuing_on_first_user_complete
         );
     }
+}
+
+/// `payload` as one HTTP/1.1 chunk.
+fn chunk(payload: &str) -> Vec<u8> {
+    format!("{:x}\r\n{payload}\r\n", payload.len()).into_bytes()
+}
+
+// A server that advertises keep-alive but closes each connection after one streamed response
+// (as llama-server does): the replayer's next turn, sent at once on that connection, goes
+// again on a new one; no turn fails and the trajectory is not aborted.
+#[tokio::test]
+async fn a_kept_alive_connection_the_server_closed_never_fails_a_turn() {
+    use support::raw_http1::{After, RawBackend};
+    let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+        Keep-Alive: timeout=5, max=100\r\nTransfer-Encoding: chunked\r\n\r\n"
+        .to_vec();
+    let events = [
+        chunk("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"},\"finish_reason\":null}]}\n\n"),
+        chunk("data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\n"),
+        chunk("data: [DONE]\n\n"),
+        b"0\r\n\r\n".to_vec(),
+    ];
+    let mut reply: Vec<&[u8]> = vec![&head];
+    reply.extend(events.iter().map(Vec::as_slice));
+    let backend = RawBackend::spawn(&reply, After::DropTheNext).await;
+    let out = tempfile::tempdir().unwrap();
+    let s = replay::run(
+        config(&backend.url(), 1),
+        dataset(vec![conversation("closing", 20, &[], "ls")]),
+        out.path(),
+        no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.turns_ok, s.failures), (20, 0), "{s:?}");
+    assert_eq!(backend.answered(), 20);
+    assert!(backend.accepted() >= 20, "one connection per answered turn");
 }

@@ -35,6 +35,11 @@ pub enum ClientError {
     /// The connection closed before the response was complete.
     #[error("connection closed before the response was complete")]
     Truncated,
+    /// A kept-alive connection was closed by the server before any byte of the response,
+    /// as servers do that close after a stream while advertising keep-alive: the request was
+    /// not taken, so it goes again on a new connection.
+    #[error("the server had closed the kept-alive connection")]
+    ClosedWhileIdle,
 }
 
 /// Where requests go.
@@ -200,6 +205,7 @@ impl Connector {
             io,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
+            answered: 0,
         })
     }
 }
@@ -209,6 +215,8 @@ pub struct Conn {
     io: Box<dyn Io>,
     buf: BytesMut,
     last_used: Instant,
+    /// Responses read whole on this connection.
+    answered: u32,
 }
 
 impl std::fmt::Debug for Conn {
@@ -265,8 +273,23 @@ impl Conn {
     ) -> Result<Response, ClientError> {
         self.buf.clear();
         *issued = Some(Instant::now());
-        self.io.write_all(request).await?;
-        self.io.flush().await?;
+        // On a kept-alive connection, a reset or an end of stream before any response byte
+        // means the server had closed it: its FIN can arrive just after the idle check.
+        let kept_alive = self.answered > 0;
+        let closed_while_idle = |e: std::io::Error| {
+            use std::io::ErrorKind::*;
+            match e.kind() {
+                BrokenPipe | ConnectionReset | ConnectionAborted if kept_alive => {
+                    ClientError::ClosedWhileIdle
+                }
+                _ => ClientError::Io(e),
+            }
+        };
+        self.io
+            .write_all(request)
+            .await
+            .map_err(closed_while_idle)?;
+        self.io.flush().await.map_err(closed_while_idle)?;
 
         let mut reader = ResponseReader::default();
         let mut first_byte = None;
@@ -274,8 +297,15 @@ impl Conn {
             if self.buf.capacity() - self.buf.len() < 8 * 1024 {
                 self.buf.reserve(16 * 1024);
             }
-            let n = self.io.read_buf(&mut self.buf).await?;
+            let read = self.io.read_buf(&mut self.buf).await;
+            let n = match read {
+                Err(e) if first_byte.is_none() => return Err(closed_while_idle(e)),
+                r => r?,
+            };
             let now = Instant::now();
+            if n == 0 && first_byte.is_none() && kept_alive {
+                return Err(ClientError::ClosedWhileIdle);
+            }
             first_byte.get_or_insert(now);
             if n == 0 {
                 if reader.body_until_eof() {
@@ -289,6 +319,7 @@ impl Conn {
             }
         }
         self.last_used = Instant::now();
+        self.answered += 1;
         let first_byte = first_byte.unwrap_or(self.last_used);
         let last_byte = reader.last_byte.unwrap_or(first_byte);
         Ok(Response {

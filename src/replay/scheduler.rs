@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use super::client::{Conn, Connector, Response};
+use super::client::{ClientError, Conn, Connector, Response};
 use super::config::{LogPrompts, ReplayConfig};
 use super::decode::{self, DecodeError};
 use super::events::{self, EventSink, Prompt, Record, Uuid};
@@ -367,12 +367,13 @@ async fn run_trajectory(
         }
         phase.progress.in_flight.fetch_add(1, Ordering::Relaxed);
         let mut issued_at: Option<Instant> = None;
-        let outcome = match (conn.as_mut(), connect_error) {
-            (Some(c), None) => {
+        let outcome = match (conn.is_some(), connect_error) {
+            (true, None) => {
                 let timeout_at = Instant::now() + turn_timeout;
                 let mut shutdown = phase.shutdown.clone();
+                let exchange = exchange_on(&phase.connector, conn, &request, &mut issued_at);
                 tokio::select! {
-                    r = tokio::time::timeout_at(timeout_at, c.exchange(&request, &mut issued_at)) => match r {
+                    r = tokio::time::timeout_at(timeout_at, exchange) => match r {
                         Ok(Ok(resp)) => match decode::decode(&resp, streaming) {
                             Ok(decoded) => Outcome::Ok { resp, decoded },
                             Err(e) => {
@@ -590,6 +591,28 @@ async fn run_trajectory(
         }
     }
     out.trajectories.push(traj);
+}
+
+/// Sends `request` on the slot's connection (which must be there) and reads the response;
+/// when the server had already closed that kept-alive connection, sends it once more on a new
+/// one, re-stamping `issued`: the first try never reached the server.
+async fn exchange_on(
+    connector: &Connector,
+    conn: &mut Option<Conn>,
+    request: &[u8],
+    issued: &mut Option<Instant>,
+) -> Result<Response, ClientError> {
+    let Some(c) = conn.as_mut() else {
+        return Err(ClientError::Truncated);
+    };
+    match c.exchange(request, issued).await {
+        Err(ClientError::ClosedWhileIdle) => {
+            *conn = None;
+            let c = conn.insert(connector.connect().await?);
+            c.exchange(request, issued).await
+        }
+        r => r,
+    }
 }
 
 /// Synthetic ISSUED + ERROR + COMPLETE for every turn not yet issued (reference §11.3).
