@@ -785,23 +785,27 @@ fn take_line(
     max: usize,
     too_long: &'static str,
 ) -> Result<Option<Bytes>, H1Error> {
+    // Judged by the first CR or LF, whichever comes first, so that the verdict does not depend
+    // on how much of the line has arrived.
     let window = &buf[..buf.len().min(max + 2)];
-    let Some(end) = memchr::memchr(b'\n', window) else {
-        return match memchr::memchr(b'\r', window) {
-            Some(cr) if cr + 1 < window.len() => Err(H1Error::Chunked("a CR not followed by LF")),
-            _ if window.len() == max + 2 => Err(H1Error::Chunked(too_long)),
-            _ => Ok(None),
-        };
-    };
-    if end == 0 || buf[end - 1] != b'\r' {
-        return Err(H1Error::Chunked("a line ended by a bare LF"));
+    let cr = memchr::memchr(b'\r', window);
+    if let Some(lf) = memchr::memchr(b'\n', window) {
+        if cr.is_none_or(|cr| lf < cr) {
+            return Err(H1Error::Chunked("a line ended by a bare LF"));
+        }
     }
-    if memchr::memchr(b'\r', &buf[..end - 1]).is_some() {
-        return Err(H1Error::Chunked("a CR not followed by LF"));
+    match cr {
+        Some(cr) if cr + 1 < window.len() => {
+            if window[cr + 1] != b'\n' {
+                return Err(H1Error::Chunked("a CR not followed by LF"));
+            }
+            let mut line = buf.split_to(cr + 2);
+            line.truncate(cr);
+            Ok(Some(line.freeze()))
+        }
+        _ if window.len() == max + 2 => Err(H1Error::Chunked(too_long)),
+        _ => Ok(None),
     }
-    let mut line = buf.split_to(end + 1);
-    line.truncate(end - 1);
-    Ok(Some(line.freeze()))
 }
 
 /// Reads a chunk-size line (RFC 9112 §7.1.1): the size, and how many bytes of chunk
