@@ -5,9 +5,13 @@
 //! Invariant: every row gives its expected outcome, which is the RFC's where the RFC says MUST,
 //! and the stricter reading where a second parser downstream could read the bytes differently.
 //! The rows cover the rules the codec enforces itself and those it takes from httparse, so a
-//! change of either shows here.
+//! change of either shows here. Chunked bodies must have CRLF exactly where RFC 9112 §7.1
+//! puts it (after the chunk-size line, the chunk data, each trailer line and the trailer
+//! section), chunk extensions must follow the grammar, and a body's extensions and trailers
+//! are each bounded in all (16 KiB, as hyper bounds them), however they are split into chunks
+//! and lines.
 
-use agentrace::proxy::h1::{self, Framing, H1Error};
+use agentrace::proxy::h1::{self, BodyDecoder, Decoded, Framing, H1Error};
 use bytes::BytesMut;
 
 /// What parsing a request head must give: its body framing, or the status it is refused with.
@@ -300,4 +304,363 @@ fn response_heads_follow_the_table() {
         wrong.len(),
         wrong.join("\n")
     );
+}
+
+/// What decoding a whole chunked body must give: its data, or an error (400 for a request,
+/// 502 for a response).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    Ok(&'static str),
+    Bad,
+}
+
+/// Decodes `wire` as one chunked body, given whole and then the end of the stream; the bytes
+/// after the body stay in the buffer and must be `rest`.
+fn decode_chunked(wire: &[u8]) -> (Result<Vec<u8>, H1Error>, BytesMut) {
+    let mut decoder = BodyDecoder::new(Framing::Chunked);
+    let mut buf = BytesMut::from(wire);
+    let mut data = Vec::new();
+    loop {
+        match decoder.decode(&mut buf, true) {
+            Ok(Decoded::Data(d)) => data.extend_from_slice(&d),
+            Ok(Decoded::Done) => return (Ok(data), buf),
+            Ok(Decoded::NeedMore) => unreachable!("at the end of the stream"),
+            Err(e) => return (Err(e), buf),
+        }
+    }
+}
+
+/// Chunked bodies (RFC 9112 §7.1), with the facts hyper's and pingora's decoders are tested
+/// for where they agree with the RFC; where hyper is more lenient than the grammar (it takes
+/// any bytes up to CR as extensions) the row says so and follows the grammar.
+const CHUNKED: &[(&str, &str, Body)] = &[
+    ("one chunk", "5\r\nhello\r\n0\r\n\r\n", Body::Ok("hello")),
+    (
+        "several chunks",
+        "1\r\na\r\n2\r\nbc\r\n0\r\n\r\n",
+        Body::Ok("abc"),
+    ),
+    ("no chunk before the last", "0\r\n\r\n", Body::Ok("")),
+    (
+        "a size in upper and lower case hex",
+        "A\r\n0123456789\r\nf\r\n0123456789abcde\r\n0\r\n\r\n",
+        Body::Ok("01234567890123456789abcde"),
+    ),
+    (
+        "a size with leading zeros",
+        "0005\r\nhello\r\n00\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "a size of 15 hex digits",
+        "00000000000000a\r\n0123456789\r\n0\r\n\r\n",
+        Body::Ok("0123456789"),
+    ),
+    (
+        "an extension",
+        "5;a=b\r\nhello\r\n0\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "an extension without a value",
+        "5;a\r\nhello\r\n0;aaaa\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "several extensions",
+        "5;a;b=c;d=\"e f\"\r\nhello\r\n0\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "a quoted extension value with an escape",
+        "5;a=\"b\\\"c\"\r\nhello\r\n0\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "whitespace around the extension's parts",
+        "5 ; a = b \r\nhello\r\n0\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "whitespace after the size",
+        "5  \r\nhello\r\n0\t\r\n\r\n",
+        Body::Ok("hello"),
+    ),
+    (
+        "trailers",
+        "1\r\na\r\n0\r\nX-A: b\r\nx-b:\r\n\r\n",
+        Body::Ok("a"),
+    ),
+    (
+        "a trailer value with obs-text and a tab",
+        "0\r\nX-A: caf\u{e9}\tb\r\n\r\n",
+        Body::Ok(""),
+    ),
+    // CRLF where §7.1 puts it
+    (
+        "a bare LF after the size",
+        "5\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a bare CR after the size",
+        "5\rhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "CR CR LF after the size",
+        "5\r\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    ("LF CR after the size", "5\n\rhello\r\n0\r\n\r\n", Body::Bad),
+    (
+        "a bare LF after the data",
+        "5\r\nhello\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a bare CR after the data",
+        "5\r\nhello\r0\r\n\r\n",
+        Body::Bad,
+    ),
+    ("no CRLF after the data", "5\r\nhello0\r\n\r\n", Body::Bad),
+    (
+        "data longer than its size",
+        "3\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "data shorter than its size",
+        "7\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    ("a bare LF after the last chunk", "0\n\r\n", Body::Bad),
+    ("a bare LF ending the body", "0\r\n\n", Body::Bad),
+    ("a bare LF after a trailer", "0\r\nX-A: b\n\r\n", Body::Bad),
+    (
+        "a CR inside a trailer line",
+        "0\r\nbad\r\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a bare LF inside an extension",
+        "1;reject\nnewlines\r\na\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    // The chunk size
+    ("a size that is not hex", "X\r\n", Body::Bad),
+    (
+        "a digit then a letter past f",
+        "1X\r\na\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    ("an empty size", "\r\nhello\r\n0\r\n\r\n", Body::Bad),
+    ("a negative size", "-1\r\na\r\n0\r\n\r\n", Body::Bad),
+    (
+        "a size with a plus sign",
+        "+5\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    ("a size with 0x", "0x5\r\nhello\r\n0\r\n\r\n", Body::Bad),
+    (
+        "whitespace before the size",
+        " 5\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a second number after whitespace",
+        "1 A\r\na\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a size of 16 hex digits",
+        "000000000000000a\r\n0123456789\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a size over 64 bits",
+        "f0000000000000003\r\nabc\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    // Extensions (§7.1.1): hyper accepts the first two, the grammar does not.
+    (
+        "an extension with an empty name",
+        "1;;;  ;\r\na\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "an extension name with a space in it",
+        "a;ext name=value\r\n0123456789\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "an extension name ending in dots",
+        "2; extension...\r\nab\r\n0\r\n\r\n",
+        Body::Ok("ab"),
+    ),
+    (
+        "an extension without its semicolon",
+        "1 invalid extension\r\na\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "an extension with an empty value",
+        "5;a=\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "an unclosed quoted value",
+        "5;a=\"b\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a NUL in an extension",
+        "5;a\0\r\nhello\r\n0\r\n\r\n",
+        Body::Bad,
+    ),
+    // Trailers (§7.1.2)
+    ("a trailer without a colon", "0\r\nX-A\r\n\r\n", Body::Bad),
+    (
+        "an obs-folded trailer",
+        "0\r\nX-A: b\r\n c\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a trailer name with a space",
+        "0\r\nX A: b\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a trailer with an empty name",
+        "0\r\n: b\r\n\r\n",
+        Body::Bad,
+    ),
+    (
+        "a NUL in a trailer value",
+        "0\r\nX-A: b\0c\r\n\r\n",
+        Body::Bad,
+    ),
+    // The end of the stream
+    ("the stream ends inside the data", "9\r\nfoo bar", Body::Bad),
+    ("the stream ends after a chunk", "1\r\na\r\n", Body::Bad),
+    ("the stream ends within a CRLF", "1\r", Body::Bad),
+    (
+        "the stream ends before the final CRLF",
+        "10\r\n1234567890abcdef\r\n0\r\n",
+        Body::Bad,
+    ),
+    (
+        "the stream ends inside the trailers",
+        "0\r\nX-A: b\r\n",
+        Body::Bad,
+    ),
+];
+
+#[test]
+fn chunked_bodies_follow_the_table() {
+    let mut wrong = Vec::new();
+    for &(name, wire, expected) in CHUNKED {
+        let (got, rest) = decode_chunked(wire.as_bytes());
+        let got = match got {
+            Ok(data) => {
+                assert!(rest.is_empty(), "{name}: left {rest:?}");
+                Body::Ok(String::from_utf8(data).unwrap().leak())
+            }
+            Err(e) => {
+                assert_eq!(e.status(), 400, "{name}: {e}");
+                Body::Bad
+            }
+        };
+        if got != expected {
+            wrong.push(format!("{name}: expected {expected:?}, got {got:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} rows wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+/// The bytes after a body are the next message's: they stay in the buffer, whole.
+#[test]
+fn what_follows_a_chunked_body_stays_in_the_buffer() {
+    let (got, rest) = decode_chunked(b"1\r\na\r\n0\r\nX-A: b\r\n\r\nGET / HTTP/1.1\r\n");
+    assert_eq!(got.unwrap(), b"a");
+    assert_eq!(&rest[..], b"GET / HTTP/1.1\r\n");
+}
+
+/// A body's chunk extensions are bounded in all, not per line: 16 KiB split over many chunks
+/// is as much work as one long line (hyper's limit); the same for trailers split over many
+/// lines. At the limit a body is still accepted.
+#[test]
+fn chunk_extensions_and_trailers_are_bounded_per_body() {
+    let chunks_with = |ext_len: usize, chunks: usize| {
+        let ext = format!(";{}", "e".repeat(ext_len - 1));
+        let mut wire = String::new();
+        for _ in 0..chunks {
+            wire.push_str(&format!("1{ext}\r\na\r\n"));
+        }
+        wire.push_str("0\r\n\r\n");
+        wire
+    };
+    // 16 chunks of 1 KiB extensions: the limit exactly.
+    let at_limit = chunks_with(1024, 16);
+    assert_eq!(decode_chunked(at_limit.as_bytes()).0.unwrap().len(), 16);
+    let over = chunks_with(1024, 17);
+    let e = decode_chunked(over.as_bytes()).0.unwrap_err();
+    assert!(e.to_string().contains("extensions"), "{e}");
+    assert_eq!(e.status(), 400);
+    // One line can never be longer than 4 KiB, extensions or not (pingora refuses 8 KiB).
+    let long = format!("0;{}\r\n\r\n", "a".repeat(8 * 1024));
+    assert!(decode_chunked(long.as_bytes()).0.is_err());
+
+    let trailers_of = |lines: usize, line_len: usize| {
+        let value = "v".repeat(line_len - "x-nnnn: ".len() - 2);
+        let mut wire = String::from("1\r\na\r\n0\r\n");
+        for i in 0..lines {
+            wire.push_str(&format!("x-{i:04}: {value}\r\n"));
+        }
+        wire.push_str("\r\n");
+        wire
+    };
+    // 16 KiB with every CRLF and the final one: the limit exactly.
+    let at_limit = trailers_of(16, 1024).replacen("v", "", 2);
+    assert_eq!(at_limit.len() - "1\r\na\r\n0\r\n".len(), h1::MAX_TRAILERS);
+    assert_eq!(decode_chunked(at_limit.as_bytes()).0.unwrap(), b"a");
+    let many_small = trailers_of(2048, 16);
+    let e = decode_chunked(many_small.as_bytes()).0.unwrap_err();
+    assert!(e.to_string().contains("trailers"), "{e}");
+    let one_huge = format!("0\r\nx: {}\r\n\r\n", "v".repeat(40 * 1024));
+    let e = decode_chunked(one_huge.as_bytes()).0.unwrap_err();
+    assert!(e.to_string().contains("trailers"), "{e}");
+}
+
+/// The refusal comes as soon as the limit is passed, not at the end of the trailers: a decoder
+/// fed trailers without end stops within the limit and a line.
+#[test]
+fn endless_trailers_are_refused_within_the_limit() {
+    let mut decoder = BodyDecoder::new(Framing::Chunked);
+    let mut buf = BytesMut::from(&b"1\r\na\r\n0\r\n"[..]);
+    assert!(matches!(
+        decoder.decode(&mut buf, false),
+        Ok(Decoded::Data(_))
+    ));
+    let mut fed = 0;
+    let line = b"x-trailer: 0123456789abcdef0123456789abcdef\r\n";
+    let refused = loop {
+        buf.extend_from_slice(line);
+        fed += line.len();
+        match decoder.decode(&mut buf, false) {
+            Ok(Decoded::NeedMore) => assert!(fed < 1 << 20, "still reading after {fed} bytes"),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        fed <= h1::MAX_TRAILERS + line.len(),
+        "refused after {fed} bytes"
+    );
+    assert!(refused.to_string().contains("trailers"), "{refused}");
 }

@@ -5,13 +5,17 @@
 //! last coding is not `chunked` (§6.3), get 400 and a closed connection; a coding under
 //! `chunked` gets 501 and a closed connection; a request-target that is not origin-form,
 //! absolute-form or `*` for `OPTIONS` gets 400; `CONNECT` gets 405 naming the allowed methods
-//! (HTTP/2 too); none of these reaches a backend.
+//! (HTTP/2 too); none of these reaches a backend. A chunked request body without CRLF where
+//! §7.1 puts it, or with more than 16 KiB of trailers, gets 400 and a closed connection as soon
+//! as the fault is read; a backend's chunked response with either is cut and its connection
+//! closed, never passed on whole.
 
 mod support;
 
 use bytes::Bytes;
 use support::backends::*;
 use support::raw_http1::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Sends each request on its own connection and checks it is refused with `status`, with
 /// `connection: close`, and that the proxy then closes.
@@ -196,4 +200,115 @@ async fn connect_over_http2_gets_405() {
     assert!(response.headers().contains_key("allow"));
     assert_eq!(backend.hits(), 0);
     proxy.shutdown().await;
+}
+
+const CHUNKED_POST: &str =
+    "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\ntransfer-encoding: chunked\r\n\r\n";
+
+/// A bare LF, a bare CR, or anything but CRLF after a chunk's data: 400 and close.
+#[tokio::test]
+async fn chunked_bodies_without_crlf_where_rfc_9112_puts_it_get_400() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let cases: Vec<(&str, String)> = [
+        ("a bare LF after the size", "3\nabc\r\n0\r\n\r\n"),
+        ("CR CR LF after the size", "3\r\r\nabc\r\n0\r\n\r\n"),
+        ("a bare LF after the data", "3\r\nabc\n0\r\n\r\n"),
+        ("bytes after the data", "3\r\nabcdef\r\n0\r\n\r\n"),
+        ("a bare LF ending the body", "3\r\nabc\r\n0\r\n\n"),
+        ("a bare LF after a trailer", "3\r\nabc\r\n0\r\nx-t: 1\n\r\n"),
+    ]
+    .into_iter()
+    .map(|(what, body)| (what, format!("{CHUNKED_POST}{body}")))
+    .collect();
+    assert_refused(&proxy, 400, &cases).await;
+    assert_eq!(backend.hits(), 0, "a refused request reached the backend");
+    proxy.shutdown().await;
+}
+
+/// One 1 KiB trailer line, repeated.
+fn trailer_line() -> String {
+    format!(
+        "x-trailer: {}\r\n",
+        "v".repeat(1024 - "x-trailer: \r\n".len())
+    )
+}
+
+/// 40 MB of trailers after a 1-byte body used to be read to their end and the request
+/// forwarded. The trailers are bounded in all: the answer is 400 once 16 KiB have been read,
+/// without waiting for the rest, and the connection closes.
+#[tokio::test]
+async fn forty_megabytes_of_trailers_get_400_within_the_limit() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = start_proxy(config_for(&[&backend])).await;
+    let line = trailer_line();
+
+    // 17 KiB of trailers and no end: the answer cannot have waited for more.
+    let mut client = Client::connect(proxy.addr).await;
+    client.send(format!("{CHUNKED_POST}1\r\na\r\n0\r\n")).await;
+    client.send(line.repeat(17)).await;
+    let reply = client.reply().await;
+    assert_eq!(reply.status, 400, "{reply:?}");
+    assert!(text(&reply.body).contains("trailers"), "{reply:?}");
+    assert_eq!(reply.header("connection").as_deref(), Some("close"));
+    client.assert_closed().await;
+
+    // 40 MB with an end, written while the answer is read: refused the same.
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        write
+            .write_all(format!("{CHUNKED_POST}1\r\na\r\n0\r\n").as_bytes())
+            .await?;
+        let mib = line.repeat(1024);
+        for _ in 0..40 {
+            write.write_all(mib.as_bytes()).await?;
+        }
+        write.write_all(b"\r\n").await
+    });
+    let mut answer = Vec::new();
+    guarded("the answer and the close", async {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n @ 1..) = read.read(&mut chunk).await {
+            answer.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await;
+    let answer = text(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    // Whether the writer got everything into the socket before the close is up to the kernel.
+    let _ = guarded("the writer", writer).await;
+    assert_eq!(backend.hits(), 0, "a refused request reached the backend");
+    proxy.shutdown().await;
+}
+
+/// A backend's chunked response with endless trailers or a bare LF is cut where the fault is
+/// read: the client never sees the body's end, and the backend's connection is closed.
+#[tokio::test]
+async fn a_backends_malformed_chunking_cuts_the_response() {
+    let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+    let forty_mb = trailer_line().repeat(40 * 1024);
+    let cases: [(&str, Vec<&[u8]>); 2] = [
+        (
+            "40 MB of trailers",
+            vec![&head[..], b"1\r\na\r\n0\r\n", forty_mb.as_bytes(), b"\r\n"],
+        ),
+        ("a bare LF", vec![&head[..], b"1\r\na\r\n0\n\r\n"]),
+    ];
+    for (what, reply) in cases {
+        let mut backend = RawBackend::spawn(&reply, After::KeepServing).await;
+        let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+        let mut client = Client::connect(proxy.addr).await;
+        client.send(get("/v1/models")).await;
+        let (status, _) = client.head().await;
+        assert_eq!(status, 200, "{what}");
+        let rest = client.rest_until_eof().await;
+        assert!(
+            !text(&rest).ends_with("0\r\n\r\n"),
+            "{what}: the body was passed on whole: {:?}",
+            text(&rest[rest.len().saturating_sub(64)..])
+        );
+        backend.wait_closed().await;
+        proxy.shutdown().await;
+    }
 }

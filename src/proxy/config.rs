@@ -24,6 +24,10 @@ pub const DEFAULT_SESSION_HEADERS: [&str; 5] = [
 pub struct ProxyConfig {
     /// Address agents connect to (HTTP/1.1 and h2c, or TLS when `[tls]` is set). Port 0 picks one.
     pub listen: SocketAddr,
+    /// Connections the kernel queues for the accept loop. A connect burst beyond the queue has
+    /// its SYNs dropped and retried a second later, so the default is far above the 128 many
+    /// servers use; Linux caps it at `net.core.somaxconn`.
+    pub listen_backlog: u32,
     /// Largest request body accepted; bigger ones get `413`. The body is held for the session
     /// fingerprint and for a retry, so this bounds the proxy's memory per request.
     pub max_request_body_bytes: u64,
@@ -85,6 +89,10 @@ pub struct ClientConfig {
     /// connection closes and the upstream request is cancelled, so a client that stops reading
     /// a stream does not hold a backend's generation.
     pub send_timeout_ms: u64,
+    /// Client connections open at once. One more is answered `503` with `Retry-After` (plain
+    /// HTTP; a TLS one is closed) and closed at once, with no task, buffer or handshake spent
+    /// on it, so a flood of connections cannot take the proxy's file descriptors or memory.
+    pub max_connections: usize,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +102,7 @@ impl Default for ClientConfig {
             body_timeout_ms: 60_000,
             idle_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -246,6 +255,7 @@ impl Default for ProxyConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            listen_backlog: 4096,
             max_request_body_bytes: 64 * 1024 * 1024,
             request_body_budget_bytes: 256 * 1024 * 1024,
             shutdown_grace_secs: 30,
@@ -377,6 +387,15 @@ impl ProxyConfig {
             if value == 0 {
                 return bad(format!("{field}: must be > 0, got 0"));
             }
+        }
+        if self.listen_backlog == 0 || self.listen_backlog > 65_535 {
+            return bad(format!(
+                "listen_backlog: must be 1 to 65535, got {}",
+                self.listen_backlog
+            ));
+        }
+        if self.client.max_connections == 0 {
+            return bad("client.max_connections: must be >= 1, got 0".into());
         }
         if self.workers > 256 {
             return bad(format!("workers: must be <= 256, got {}", self.workers));
@@ -594,6 +613,8 @@ mod tests {
         assert_eq!(c.max_request_body_bytes, 64 << 20);
         assert_eq!(c.request_body_budget_bytes, 256 << 20);
         assert_eq!(c.shutdown_grace_secs, 30);
+        assert_eq!(c.listen_backlog, 4096);
+        assert_eq!(c.client.max_connections, 10_000);
         assert_eq!(c.affinity.policy, Policy::Session);
         assert_eq!(c.affinity.load_factor, 1.5);
         assert_eq!(c.affinity.session_ttl_secs, 1800);
@@ -653,6 +674,18 @@ mod tests {
             (
                 format!("[client]\nsend_timeout_ms = 0\n{b}"),
                 "client.send_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("listen_backlog = 0\n{b}"),
+                "listen_backlog: must be 1 to 65535, got 0",
+            ),
+            (
+                format!("listen_backlog = 70000\n{b}"),
+                "listen_backlog: must be 1 to 65535, got 70000",
+            ),
+            (
+                format!("[client]\nmax_connections = 0\n{b}"),
+                "client.max_connections: must be >= 1, got 0",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

@@ -14,8 +14,14 @@ use super::fields::{self, Fields, Span, WireFields};
 pub const MAX_HEAD: usize = 64 * 1024;
 /// The most header fields in one head.
 const MAX_HEADERS: usize = 128;
-/// The longest chunk-size or trailer line.
+/// The longest chunk-size line.
 const MAX_LINE: usize = 4096;
+/// Chunk-extension bytes one chunked body may carry in all (hyper's limit). Extensions are
+/// not passed on, so past this they are only work for the proxy.
+pub const MAX_CHUNK_EXTENSIONS: usize = 16 * 1024;
+/// Trailer-section bytes one chunked body may carry, line ends included (hyper's limit).
+/// Trailers are not passed on either.
+pub const MAX_TRAILERS: usize = 16 * 1024;
 /// Bytes a read buffer is grown by when it runs low.
 const READ_CHUNK: usize = 16 * 1024;
 
@@ -57,9 +63,9 @@ pub enum H1Error {
     /// `CONNECT`, which asks for a tunnel the proxy does not open.
     #[error("CONNECT is not supported: the proxy opens no tunnels")]
     Connect,
-    /// A chunked body is malformed.
-    #[error("malformed chunked body")]
-    Chunked,
+    /// A chunked body is malformed or over a limit (RFC 9112 §7.1).
+    #[error("malformed chunked body: {0}")]
+    Chunked(&'static str),
     /// The peer closed the connection before the message ended.
     #[error("connection closed before the message ended")]
     Incomplete,
@@ -618,6 +624,10 @@ enum Chunk {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BodyDecoder {
     state: State,
+    /// Chunk-extension bytes seen so far, against [`MAX_CHUNK_EXTENSIONS`].
+    extensions: usize,
+    /// Trailer-section bytes seen so far, against [`MAX_TRAILERS`].
+    trailers: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -637,7 +647,11 @@ impl BodyDecoder {
             Framing::Chunked => State::Chunked(Chunk::Size),
             Framing::UntilClose => State::UntilClose,
         };
-        Self { state }
+        Self {
+            state,
+            extensions: 0,
+            trailers: 0,
+        }
     }
 
     /// True once the whole body has been decoded.
@@ -689,6 +703,8 @@ impl BodyDecoder {
     }
 
     /// Advances the chunked state as far as `buf` allows; `Some` when data is produced.
+    /// Every line must end in CRLF, and so must every chunk's data (RFC 9112 §7.1): a bare
+    /// LF or CR is where two parsers would disagree on where a chunk ends.
     fn chunked_step(
         &mut self,
         mut chunk: Chunk,
@@ -697,21 +713,16 @@ impl BodyDecoder {
         loop {
             match chunk {
                 Chunk::Size => {
-                    let Some(line) = take_line(buf)? else {
+                    let Some(line) = take_line(buf, MAX_LINE, "a chunk-size line over 4 KiB")?
+                    else {
                         break;
                     };
-                    let size = line
-                        .split(|&b| b == b';')
-                        .next()
-                        .unwrap_or_default()
-                        .trim_ascii();
-                    if size.is_empty() || size.len() > 15 {
-                        return Err(H1Error::Chunked);
+                    let (size, extensions) = chunk_size(&line)?;
+                    self.extensions += extensions;
+                    if self.extensions > MAX_CHUNK_EXTENSIONS {
+                        return Err(H1Error::Chunked("chunk extensions over 16 KiB in all"));
                     }
-                    let n = size.iter().try_fold(0u64, |acc, &b| {
-                        (b as char).to_digit(16).map(|d| acc << 4 | u64::from(d))
-                    });
-                    chunk = match n.ok_or(H1Error::Chunked)? {
+                    chunk = match size {
                         0 => Chunk::Trailers,
                         n => Chunk::Data(n),
                     };
@@ -730,21 +741,33 @@ impl BodyDecoder {
                     return Ok(Some(Decoded::Data(data)));
                 }
                 Chunk::DataEnd => {
-                    let Some(line) = take_line(buf)? else {
-                        break;
-                    };
-                    if !line.is_empty() {
-                        return Err(H1Error::Chunked);
+                    // Refused at the first wrong byte, without waiting for a line end.
+                    if buf.first().is_some_and(|&b| b != b'\r')
+                        || buf.get(1).is_some_and(|&b| b != b'\n')
+                    {
+                        return Err(H1Error::Chunked("chunk data not followed by CRLF"));
                     }
+                    if buf.len() < 2 {
+                        break;
+                    }
+                    bytes::Buf::advance(buf, 2);
                     chunk = Chunk::Size;
                 }
                 Chunk::Trailers => {
-                    let Some(line) = take_line(buf)? else {
+                    // Each line with its CRLF, and the final CRLF, within the limit.
+                    let Some(room) = (MAX_TRAILERS - self.trailers).checked_sub(2) else {
+                        return Err(H1Error::Chunked("trailers over 16 KiB"));
+                    };
+                    let Some(line) = take_line(buf, room, "trailers over 16 KiB")? else {
                         break;
                     };
+                    self.trailers += line.len() + 2;
                     if line.is_empty() {
                         self.state = State::Done;
                         return Ok(None);
+                    }
+                    if !is_field_line(&line) {
+                        return Err(H1Error::Chunked("a trailer that is not a field line"));
                     }
                 }
             }
@@ -754,21 +777,100 @@ impl BodyDecoder {
     }
 }
 
-/// Takes one line (without its CRLF or bare LF) off the front of `buf`; `None` until a whole
-/// line is there.
-fn take_line(buf: &mut BytesMut) -> Result<Option<Bytes>, H1Error> {
-    match memchr::memchr(b'\n', buf) {
-        Some(end) => {
-            let mut line = buf.split_to(end + 1);
-            line.truncate(end);
-            if line.last() == Some(&b'\r') {
-                line.truncate(end - 1);
+/// Takes one line, without its CRLF, off the front of `buf`; `None` until a whole line is
+/// there. A line longer than `max` bytes (`too_long` says which), one ended by a bare LF, or
+/// one holding a CR is an error, found without reading past `max`.
+fn take_line(
+    buf: &mut BytesMut,
+    max: usize,
+    too_long: &'static str,
+) -> Result<Option<Bytes>, H1Error> {
+    // Judged by the first CR or LF, whichever comes first, so that the verdict does not depend
+    // on how much of the line has arrived.
+    let window = &buf[..buf.len().min(max + 2)];
+    let cr = memchr::memchr(b'\r', window);
+    if let Some(lf) = memchr::memchr(b'\n', window) {
+        if cr.is_none_or(|cr| lf < cr) {
+            return Err(H1Error::Chunked("a line ended by a bare LF"));
+        }
+    }
+    match cr {
+        Some(cr) if cr + 1 < window.len() => {
+            if window[cr + 1] != b'\n' {
+                return Err(H1Error::Chunked("a CR not followed by LF"));
             }
+            let mut line = buf.split_to(cr + 2);
+            line.truncate(cr);
             Ok(Some(line.freeze()))
         }
-        None if buf.len() > MAX_LINE => Err(H1Error::Chunked),
-        None => Ok(None),
+        _ if window.len() == max + 2 => Err(H1Error::Chunked(too_long)),
+        _ => Ok(None),
     }
+}
+
+/// Reads a chunk-size line (RFC 9112 §7.1.1): the size, and how many bytes of chunk
+/// extensions follow it. At most 15 hex digits (as httparse allows), so no size overflows;
+/// whitespace after the size is taken as the BWS before an extension, as hyper, httparse and
+/// h11 do.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), H1Error> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err(H1Error::Chunked("a chunk size that is not hex digits"));
+    }
+    if digits > 15 {
+        return Err(H1Error::Chunked("a chunk size over 15 hex digits"));
+    }
+    let size = line[..digits].iter().fold(0u64, |n, &b| {
+        n << 4 | u64::from((b as char).to_digit(16).unwrap_or_default())
+    });
+    let extensions = &line[digits..];
+    if !is_chunk_ext(extensions) {
+        return Err(H1Error::Chunked("a malformed chunk extension"));
+    }
+    Ok((size, extensions.len()))
+}
+
+/// Whether `s` is `*( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] ) BWS`.
+fn is_chunk_ext(mut s: &[u8]) -> bool {
+    let skip_ws =
+        |s: &[u8]| -> usize { s.iter().take_while(|&&b| b == b' ' || b == b'\t').count() };
+    let token_len = |s: &[u8]| -> usize { s.iter().take_while(|&&b| fields::is_tchar(b)).count() };
+    loop {
+        s = &s[skip_ws(s)..];
+        let Some(rest) = s.strip_prefix(b";") else {
+            return s.is_empty();
+        };
+        let rest = &rest[skip_ws(rest)..];
+        let name = token_len(rest);
+        if name == 0 {
+            return false;
+        }
+        s = &rest[name..];
+        let after = &s[skip_ws(s)..];
+        if let Some(value) = after.strip_prefix(b"=") {
+            let value = &value[skip_ws(value)..];
+            let len = match fields::quoted_len(value) {
+                Some(len) => len,
+                None => token_len(value),
+            };
+            if len == 0 {
+                return false;
+            }
+            s = &value[len..];
+        }
+    }
+}
+
+/// Whether a trailer line is `name ":" value` with a token name and a value of field content
+/// (no obs-fold, no control other than HTAB).
+fn is_field_line(line: &[u8]) -> bool {
+    let Some(colon) = memchr::memchr(b':', line) else {
+        return false;
+    };
+    fields::is_token(&line[..colon])
+        && line[colon + 1..]
+            .iter()
+            .all(|&b| b == b'\t' || (b >= b' ' && b != 0x7f))
 }
 
 /// Decodes a whole body from `buf` as far as it goes, appending the data to `out`.
@@ -994,7 +1096,7 @@ mod tests {
         let mut c = BodyDecoder::new(Framing::Chunked);
         assert!(matches!(
             c.decode(&mut buf("zz\r\n"), false),
-            Err(H1Error::Chunked)
+            Err(H1Error::Chunked(_))
         ));
         let mut c = BodyDecoder::new(Framing::Chunked);
         assert!(matches!(
@@ -1003,7 +1105,7 @@ mod tests {
         ));
         assert!(matches!(
             c.decode(&mut buf("X\r\n"), false),
-            Err(H1Error::Chunked)
+            Err(H1Error::Chunked(_))
         ));
         let mut c = BodyDecoder::new(Framing::Chunked);
         assert!(matches!(

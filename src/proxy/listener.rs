@@ -21,7 +21,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
 use super::ingress::{ClientLimits, Deadline};
-use super::metrics::ClientTimeout;
+use super::metrics::{ClientTimeout, ConnectionRefusal};
 use super::{ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
@@ -131,11 +131,17 @@ pub async fn serve(
             Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
         }
     }
+    let max_connections = inner.config.lock().client.max_connections;
+    let open = Arc::new(AtomicUsize::new(0));
     let mut next = 0usize;
     loop {
         tokio::select! {
             _ = shutdown.wait() => break,
             accepted = tcp.accept() => match accepted {
+                Ok((stream, _)) if open.load(Ordering::Relaxed) >= max_connections => {
+                    refuse_over_capacity(&stream, tls.is_none());
+                    inner.metrics.connection_refused(ConnectionRefusal::MaxConnections);
+                }
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
                     // Fewest open connections; ties go round-robin.
@@ -147,7 +153,7 @@ pub async fn serve(
                         break;
                     };
                     next = (pick + 1) % n;
-                    let (handoff, open, gauge) = &handoffs[pick];
+                    let (handoff, on_worker, gauge) = &handoffs[pick];
                     let stream = match stream.into_std() {
                         Ok(s) => s,
                         Err(e) => {
@@ -155,7 +161,7 @@ pub async fn serve(
                             continue;
                         }
                     };
-                    let guard = OpenConnection::new(open, gauge);
+                    let guard = OpenConnection::new(&open, on_worker, gauge);
                     if handoff.send(Handoff { stream, peer, guard }).is_err() {
                         tracing::error!(worker = pick, "worker stopped; connection dropped");
                     }
@@ -182,18 +188,22 @@ struct Handoff {
     guard: OpenConnection,
 }
 
-/// Counts a connection open on its worker (for placement, and in the metrics) until dropped.
+/// Counts a connection open (against `client.max_connections`) and on its worker (for
+/// placement, and in the metrics) until dropped.
 struct OpenConnection {
     open: Arc<AtomicUsize>,
+    on_worker: Arc<AtomicUsize>,
     gauge: Gauge,
 }
 
 impl OpenConnection {
-    fn new(open: &Arc<AtomicUsize>, gauge: &Gauge) -> Self {
+    fn new(open: &Arc<AtomicUsize>, on_worker: &Arc<AtomicUsize>, gauge: &Gauge) -> Self {
         open.fetch_add(1, Ordering::Relaxed);
+        on_worker.fetch_add(1, Ordering::Relaxed);
         gauge.increment(1.0);
         Self {
             open: open.clone(),
+            on_worker: on_worker.clone(),
             gauge: gauge.clone(),
         }
     }
@@ -202,7 +212,35 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
+        self.on_worker.fetch_sub(1, Ordering::Relaxed);
         self.gauge.decrement(1.0);
+    }
+}
+
+/// The answer to a connection over `client.max_connections`, whole in one small write.
+const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 101\r\n\r\n\
+{\"error\":{\"message\":\"the proxy has client.max_connections open; retry shortly\",\"type\":\"overloaded\"}}\n";
+
+/// Answers a connection over `client.max_connections` in the accept loop, with no task and no
+/// buffer: a plain one gets [`OVER_CAPACITY`] written into its fresh, empty send buffer (a TLS
+/// one would need the handshake the cap saves, so it is only closed); what the client has
+/// already sent is discarded, up to a few KiB, so the close is a FIN that lets it read the
+/// answer rather than a reset; then the socket is closed as `stream` drops.
+fn refuse_over_capacity(stream: &TcpStream, plain: bool) {
+    let socket = socket2::SockRef::from(stream);
+    if plain {
+        let _ = socket.send(OVER_CAPACITY);
+    }
+    let _ = socket.shutdown(std::net::Shutdown::Write);
+    let mut sink = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    for _ in 0..4 {
+        if !matches!(socket.recv(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
     }
 }
 

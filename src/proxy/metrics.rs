@@ -114,6 +114,30 @@ impl ClientTimeout {
     }
 }
 
+/// Why a client connection was closed as soon as it was accepted (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionRefusal {
+    /// `client.max_connections` were open.
+    MaxConnections,
+    /// The TLS handshake found no free permit (`tls.max_handshakes`) before its deadline.
+    TlsHandshakes,
+}
+
+const CONNECTION_REFUSALS: [ConnectionRefusal; 2] = [
+    ConnectionRefusal::MaxConnections,
+    ConnectionRefusal::TlsHandshakes,
+];
+
+impl ConnectionRefusal {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionRefusal::MaxConnections => "max_connections",
+            ConnectionRefusal::TlsHandshakes => "tls_handshakes",
+        }
+    }
+}
+
 const SOURCES: [KeySource; 3] = [KeySource::Header, KeySource::Fingerprint, KeySource::None];
 const OUTCOMES: [Outcome; 6] = [
     Outcome::Hash,
@@ -154,6 +178,10 @@ pub struct ProxyMetrics {
     reloads_ok: Counter,
     reloads_failed: Counter,
     client_timeouts: Arc<Vec<Counter>>,
+    /// Connections closed as soon as accepted, by [`CONNECTION_REFUSALS`].
+    connections_refused: Arc<Vec<Counter>>,
+    /// TLS handshakes that had to wait for a permit.
+    tls_handshake_waits: Counter,
 }
 
 /// Metric handles of one backend.
@@ -266,6 +294,20 @@ impl ProxyMetrics {
                 )
             })
             .collect();
+        let connections_refused = CONNECTION_REFUSALS
+            .iter()
+            .map(|reason| {
+                r.register_counter(
+                    &key(
+                        "agentrace_client_connections_refused_total",
+                        vec![Label::new("reason", reason.as_str())],
+                    ),
+                    &META,
+                )
+            })
+            .collect();
+        let tls_handshake_waits =
+            r.register_counter(&key("agentrace_tls_handshake_waits_total", vec![]), &META);
         Self {
             handle,
             decisions: Arc::new(decisions),
@@ -279,6 +321,8 @@ impl ProxyMetrics {
             reloads_ok,
             reloads_failed,
             client_timeouts: Arc::new(client_timeouts),
+            connections_refused: Arc::new(connections_refused),
+            tls_handshake_waits,
             recorder: Arc::new(recorder),
         }
     }
@@ -373,6 +417,20 @@ impl ProxyMetrics {
             .position(|t| *t == limit)
             .unwrap_or(0);
         self.client_timeouts[i].increment(1);
+    }
+
+    /// Counts a client connection closed as soon as it was accepted.
+    pub fn connection_refused(&self, reason: ConnectionRefusal) {
+        let i = CONNECTION_REFUSALS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.connections_refused[i].increment(1);
+    }
+
+    /// Counts a TLS handshake that waits for a permit.
+    pub fn tls_handshake_waited(&self) {
+        self.tls_handshake_waits.increment(1);
     }
 
     /// Counts a configuration reload attempt.
@@ -487,6 +545,16 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_client_timeouts_total",
         "Client connections closed by a [client] limit (header, body, idle, send).",
+        0,
+    );
+    d(
+        "agentrace_client_connections_refused_total",
+        "Client connections closed as soon as accepted (max_connections open, or no TLS handshake permit in time).",
+        0,
+    );
+    d(
+        "agentrace_tls_handshake_waits_total",
+        "TLS handshakes that waited for a permit because tls.max_handshakes were in progress.",
         0,
     );
     d("agentrace_in_flight", "Requests in flight per backend.", 1);

@@ -191,13 +191,12 @@ async fn start_inner(
     let workers = worker_count(&config);
     let worker_pools = worker_pools(&config, workers)?;
 
-    let bind = |what: &'static str, addr: SocketAddr| async move {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ProxyError::Bind { what, addr, source })
+    let bind = |what: &'static str, addr: SocketAddr, backlog: u32| {
+        listen(addr, backlog).map_err(|source| ProxyError::Bind { what, addr, source })
     };
-    let tcp = bind("proxy listener", config.listen).await?;
-    let admin_tcp = bind("admin listener", config.admin.listen).await?;
+    let tcp = bind("proxy listener", config.listen, config.listen_backlog)?;
+    // Scrapes and admin calls come a few at a time.
+    let admin_tcp = bind("admin listener", config.admin.listen, 128)?;
     let local = |l: &tokio::net::TcpListener, what: &'static str, addr: SocketAddr| {
         l.local_addr()
             .map_err(|source| ProxyError::Bind { what, addr, source })
@@ -259,6 +258,20 @@ async fn start_inner(
     })
 }
 
+/// A listening socket on `addr` whose accept queue holds `backlog` connections (tokio's and
+/// std's `bind` ask for 128).
+fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted proxy binds while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// Sweeps idle sessions and upstream connections and folds histogram samples, so none of them
 /// grows between scrapes.
 async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
@@ -285,6 +298,7 @@ impl Inner {
         config.validate()?;
         let mut current = self.config.lock();
         if config.listen != current.listen
+            || config.listen_backlog != current.listen_backlog
             || config.tls != current.tls
             || config.admin != current.admin
             || config.capture != current.capture
@@ -293,7 +307,7 @@ impl Inner {
             || config.client != current.client
             || config.workers != current.workers
         {
-            tracing::warn!("listen, tls, client, admin, capture, workers, max_request_body_bytes and request_body_budget_bytes changes need a restart; keeping the running values");
+            tracing::warn!("listen, listen_backlog, tls, client, admin, capture, workers, max_request_body_bytes and request_body_budget_bytes changes need a restart; keeping the running values");
         }
         let client = upstream::build_client(&config.upstream, any_https(&config))?;
         let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;
