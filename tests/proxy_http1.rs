@@ -11,7 +11,8 @@
 //! responses are re-framed for the client, whose connection stays reusable, and another
 //! transfer coding gets 502 instead of reaching the client as coded bytes; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
-//! backend closed is replaced on the same backend instead of failing over; a request that
+//! backend closed is replaced on the same backend instead of failing over, and a backend that
+//! closes after each streamed response is learned and not reused after one; a request that
 //! reached its backend whole is sent again only when safe or allowed, one that provably did not
 //! is; a backend's interim responses are capped, and a client that hangs up during them cancels
 //! the request; `Connection: close` from the client closes after the response; a client that
@@ -438,7 +439,10 @@ async fn oversized_heads_get_431_and_a_closed_connection() {
 /// still in step after the first.
 async fn two_gets_through(reply: &[&[u8]], after: After) -> (RawBackend, Vec<Reply>) {
     let backend = RawBackend::spawn(reply, after).await;
-    let proxy = start_proxy(config_over(&[("raw", backend.url())])).await;
+    let mut config = config_over(&[("raw", backend.url())]);
+    // Reuse right after a chunked response is what these tests look at.
+    config.upstream.stream_close_watch_ms = 0;
+    let proxy = start_proxy(config).await;
     let mut client = Client::connect(proxy.addr).await;
     let mut replies = Vec::new();
     for path in ["/one", "/two"] {
@@ -1272,5 +1276,32 @@ async fn a_client_that_hangs_up_during_interim_responses_cancels_the_upstream_re
         }
     })
     .await;
+    proxy.shutdown().await;
+}
+
+/// A backend that closes its connection a millisecond after each streamed response, though it
+/// advertises keep-alive (as llama-server does): requests sent back to back through the proxy
+/// all succeed, none is written to the closing connection and then answered with 502.
+#[tokio::test]
+async fn a_backend_closing_after_each_stream_never_costs_a_request() {
+    let reply: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+        keep-alive: timeout=5, max=100\r\ntransfer-encoding: chunked\r\n\r\n\
+        e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+    let backend = RawBackend::spawn(&[reply], After::ClosesSoon(Duration::from_millis(1))).await;
+    let proxy = start_proxy(config_over(&[("closing", backend.url())])).await;
+    let mut client = Client::connect(proxy.addr).await;
+    let body = r#"{"messages":[],"stream":true}"#;
+    for round in 0..30 {
+        client
+            .send(format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ))
+            .await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "round {round}: {}", reply.head);
+    }
+    assert_eq!(backend.answered(), 30);
     proxy.shutdown().await;
 }

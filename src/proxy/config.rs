@@ -143,6 +143,11 @@ pub struct UpstreamConfig {
     /// HEAD, OPTIONS, TRACE) are; on, any is, so a POST the backend was generating when it
     /// failed may be generated twice.
     pub retry_after_send: bool,
+    /// How long a backend's first connection back from a streamed (chunked) response is
+    /// watched for a close before reuse. A backend that closes it (llama-server does, while
+    /// advertising keep-alive) gets a new connection for every request after a stream; 0
+    /// trusts keep-alive after streams without watching.
+    pub stream_close_watch_ms: u64,
     /// PEM bundle of CAs trusted for `https://` backends instead of the platform roots.
     pub ca_file: Option<PathBuf>,
 }
@@ -290,6 +295,7 @@ impl Default for UpstreamConfig {
             pool_max_idle_per_backend: 256,
             retries: 1,
             retry_after_send: false,
+            stream_close_watch_ms: 5,
             ca_file: None,
         }
     }
@@ -430,6 +436,12 @@ impl ProxyConfig {
         }
         if self.upstream.connect_timeout_ms == 0 {
             return bad("upstream.connect_timeout_ms: must be > 0, got 0".into());
+        }
+        if self.upstream.stream_close_watch_ms > 1_000 {
+            return bad(format!(
+                "upstream.stream_close_watch_ms: must be <= 1000, got {}",
+                self.upstream.stream_close_watch_ms
+            ));
         }
         if self.upstream.retries > 8 {
             return bad(format!(

@@ -6,11 +6,10 @@
 //! costs no task hand-off, channel or second HTTP state machine, which on a busy proxy was most
 //! of its own CPU time. Backends that choose HTTP/2 by ALPN share one hyper HTTP/2 connection.
 
-use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -202,18 +201,20 @@ impl H1Conn {
     }
 
     /// Whether an idle connection is still usable: no bytes and no close arrived while it
-    /// idled. Costs no system call unless the socket was reported readable.
+    /// idled. Asks the kernel (a non-blocking peek): the runtime learns of a close only when
+    /// its reactor next polls, and a backend that closes right after each response (as
+    /// llama-server does) would otherwise have its connection reused after the close arrived.
     fn still_open(&mut self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        self.buf.reserve(64);
-        let (io, buf) = (&mut self.io, &mut self.buf);
-        // Unconstrained: a task that has spent its budget would otherwise be told `Pending`
-        // whatever the socket holds, and reuse a closed connection.
-        let read = tokio::task::unconstrained(std::future::poll_fn(|cx| {
-            tokio_util::io::poll_read_buf(Pin::new(&mut *io), cx, &mut *buf)
-        }));
-        let idle = std::pin::pin!(read).poll(&mut cx).is_pending();
-        idle && self.buf.is_empty()
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let tcp = match &self.io {
+            Io::Plain(tcp) => tcp,
+            Io::Tls(tls) => tls.get_ref().0,
+        };
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let peeked = socket2::SockRef::from(tcp).peek(&mut probe);
+        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
@@ -230,6 +231,24 @@ struct Idle {
 struct Slot {
     idle: Vec<Idle>,
     h2: Option<http2::SendRequest<Full<Bytes>>>,
+    after_stream: AfterStream,
+}
+
+/// What a backend does with its connection after a chunked (streamed) response, learned from
+/// the first one. llama-server closes it about 70 µs after the last chunk while advertising
+/// keep-alive: a request sent on it at once would be written to a closing connection, and
+/// then could not be sent again safely (see [`PoolError`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum AfterStream {
+    /// Not seen yet: the first such connection is watched (`upstream.stream_close_watch_ms`:
+    /// far longer than a server takes to close after its last chunk, far shorter than any
+    /// keep-alive timeout) before reuse.
+    #[default]
+    Unknown,
+    /// Kept it open: pooled as any other.
+    KeepsOpen,
+    /// Closed it: never pooled after a streamed response.
+    Closes,
 }
 
 /// One forwarding worker's connections, by backend. Only that worker's thread takes from it
@@ -243,6 +262,8 @@ pub struct WorkerPool {
     idle_timeout: Duration,
     /// `upstream.retry_after_send`: any request may be sent again after [`PoolError::NoResponse`].
     retry_after_send: bool,
+    /// `upstream.stream_close_watch_ms`; zero trusts keep-alive after streams.
+    stream_close_watch: Duration,
 }
 
 enum Sender {
@@ -253,13 +274,15 @@ enum Sender {
 impl WorkerPool {
     /// A pool that connects within `connect_timeout` (TLS by `tls`, which offers h2 and
     /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`;
-    /// `retry_after_send` lets [`WorkerPool::may_resend`] allow any method.
+    /// `retry_after_send` lets [`WorkerPool::may_resend`] allow any method; a backend's first
+    /// connection back from a stream is watched for `stream_close_watch` ([`AfterStream`]).
     pub fn new(
         tls: TlsConnector,
         connect_timeout: Duration,
         max_idle: usize,
         idle_timeout: Duration,
         retry_after_send: bool,
+        stream_close_watch: Duration,
     ) -> Self {
         Self {
             tls,
@@ -268,6 +291,7 @@ impl WorkerPool {
             max_idle,
             idle_timeout,
             retry_after_send,
+            stream_close_watch,
         }
     }
 
@@ -390,6 +414,7 @@ impl WorkerPool {
             conn: Some(conn),
             decoder: BodyDecoder::new(head.framing),
             reusable: head.keep_alive,
+            streamed: head.framing == h1::Framing::Chunked,
             eof: false,
             home: Some((key.clone(), self.clone())),
         };
@@ -475,9 +500,45 @@ impl WorkerPool {
         None
     }
 
-    fn check_in(&self, key: &Key, conn: H1Conn) {
+    /// Returns a connection whose response ended cleanly; after a streamed one, as the
+    /// backend's [`AfterStream`] says.
+    fn check_in(self: &Arc<Self>, key: &Key, mut conn: H1Conn, streamed: bool) {
         let mut slots = self.slots.lock();
         let slot = slot_of(&mut slots, key);
+        let streamed = streamed && !self.stream_close_watch.is_zero();
+        match (streamed, slot.after_stream) {
+            (true, AfterStream::Closes) => return,
+            (true, AfterStream::Unknown) => {
+                drop(slots);
+                let (pool, key) = (self.clone(), key.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(pool.stream_close_watch).await;
+                    let open = conn.still_open();
+                    let mut slots = pool.slots.lock();
+                    let slot = slot_of(&mut slots, &key);
+                    if slot.after_stream == AfterStream::Unknown {
+                        slot.after_stream = if open {
+                            AfterStream::KeepsOpen
+                        } else {
+                            tracing::info!(
+                                backend = &*key.0,
+                                "the backend closes its connection after each streamed \
+                                 response; a new one is opened for each"
+                            );
+                            AfterStream::Closes
+                        };
+                    }
+                    if open && slot.idle.len() < pool.max_idle {
+                        slot.idle.push(Idle {
+                            conn,
+                            since: Instant::now(),
+                        });
+                    }
+                });
+                return;
+            }
+            _ => {}
+        }
         if slot.idle.len() < self.max_idle {
             slot.idle.push(Idle {
                 conn,
@@ -640,6 +701,8 @@ pub struct H1Body {
     conn: Option<H1Conn>,
     decoder: BodyDecoder,
     reusable: bool,
+    /// Chunked: the backend may close after it ([`AfterStream`]).
+    streamed: bool,
     eof: bool,
     home: Option<(Key, Arc<WorkerPool>)>,
 }
@@ -651,7 +714,7 @@ impl H1Body {
         };
         // Bytes past the body mean the backend broke framing: never reuse such a connection.
         if self.reusable && conn.buf.is_empty() {
-            pool.check_in(&key, conn);
+            pool.check_in(&key, conn, self.streamed);
         }
     }
 

@@ -52,6 +52,7 @@ pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, P
         cfg.pool_max_idle_per_backend,
         Duration::from_secs(cfg.pool_idle_timeout_secs),
         cfg.retry_after_send,
+        Duration::from_millis(cfg.stream_close_watch_ms),
     ))
 }
 

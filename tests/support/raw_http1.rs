@@ -217,6 +217,9 @@ pub enum After {
     Close,
     /// Reads the next request on the same connection and closes it without an answer.
     DropTheNext,
+    /// Closes the connection this long after the answer, without reading more: a server that
+    /// closes after each response while advertising keep-alive (llama-server after a stream).
+    ClosesSoon(Duration),
 }
 
 /// A backend on `127.0.0.1:0` that answers every request with the same bytes, written piece
@@ -306,6 +309,10 @@ pub async fn serve_raw(
         served += 1;
         if after == After::Close {
             let _ = stream.shutdown().await;
+            return;
+        }
+        if let After::ClosesSoon(delay) = after {
+            tokio::time::sleep(delay).await;
             return;
         }
     }
