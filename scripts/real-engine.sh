@@ -54,9 +54,11 @@ if [ ! -x "$server" ]; then
     "$cache/venv/bin/cmake" -S "$llama" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$cache/cmake-configure.log"
+        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$cache/cmake-configure.log" 2>&1 ||
+        { tail -20 "$cache/cmake-configure.log" >&2; echo "real-engine.sh: cmake configure failed ($cache/cmake-configure.log)" >&2; exit 1; }
     "$cache/venv/bin/cmake" --build "$cache/build" --target llama-server \
-        -j "$(nproc)" >"$cache/cmake-build.log"
+        -j "$(nproc)" >"$cache/cmake-build.log" 2>&1 ||
+        { grep -m5 "error" "$cache/cmake-build.log" >&2; echo "real-engine.sh: the build failed ($cache/cmake-build.log)" >&2; exit 1; }
     mkdir -p "$cache/bin"
     cp "$cache/build/bin/llama-server" "$server"
 fi

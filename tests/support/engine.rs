@@ -72,13 +72,17 @@ impl Engine {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in BufReader::new(stderr).split(b'\n') {
+                let Ok(line) = line else { break };
+                let line = String::from_utf8_lossy(&line);
                 let addr = line
                     .split("listening on http://")
                     .nth(1)
                     .and_then(|a| a.trim().parse::<SocketAddr>().ok());
-                if let (Some(addr), Some(tx)) = (addr, tx.take()) {
-                    let _ = tx.send(addr);
+                if let Some(addr) = addr {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
                 }
                 // Keep draining so the server never blocks on a full pipe.
             }
@@ -86,7 +90,12 @@ impl Engine {
         let addr = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(60)))
             .await
             .unwrap()
-            .expect("llama-server printed its address within 60 s");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "llama-server printed no address ({e}); exit: {:?}",
+                    child.try_wait()
+                )
+            });
         let engine = Engine { child, addr };
         let client = super::capture::client();
         let health = format!("http://{addr}/health");
