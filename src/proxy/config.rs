@@ -93,6 +93,11 @@ pub struct ClientConfig {
     /// HTTP; a TLS one is closed) and closed at once, with no task, buffer or handshake spent
     /// on it, so a flood of connections cannot take the proxy's file descriptors or memory.
     pub max_connections: usize,
+    /// TLS handshakes past their ClientHello that may run at once on the listener (with
+    /// `[tls]`). Each costs most of a millisecond of CPU; beyond this, a new one waits for a
+    /// free permit within its 10 s handshake deadline, then is closed. A ClientHello is read
+    /// without a permit, so clients that send theirs slowly hold none.
+    pub max_tls_handshakes: usize,
 }
 
 impl Default for ClientConfig {
@@ -103,6 +108,7 @@ impl Default for ClientConfig {
             idle_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
             max_connections: 10_000,
+            max_tls_handshakes: 64,
         }
     }
 }
@@ -403,6 +409,9 @@ impl ProxyConfig {
         if self.client.max_connections == 0 {
             return bad("client.max_connections: must be >= 1, got 0".into());
         }
+        if self.client.max_tls_handshakes == 0 {
+            return bad("client.max_tls_handshakes: must be >= 1, got 0".into());
+        }
         if self.workers > 256 {
             return bad(format!("workers: must be <= 256, got {}", self.workers));
         }
@@ -627,6 +636,7 @@ mod tests {
         assert_eq!(c.shutdown_grace_secs, 30);
         assert_eq!(c.listen_backlog, 4096);
         assert_eq!(c.client.max_connections, 10_000);
+        assert_eq!(c.client.max_tls_handshakes, 64);
         assert_eq!(c.affinity.policy, Policy::Session);
         assert_eq!(c.affinity.load_factor, 1.5);
         assert_eq!(c.affinity.session_ttl_secs, 1800);
@@ -698,6 +708,10 @@ mod tests {
             (
                 format!("[client]\nmax_connections = 0\n{b}"),
                 "client.max_connections: must be >= 1, got 0",
+            ),
+            (
+                format!("[client]\nmax_tls_handshakes = 0\n{b}"),
+                "client.max_tls_handshakes: must be >= 1, got 0",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

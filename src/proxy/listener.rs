@@ -28,6 +28,58 @@ use crate::shutdown::Shutdown;
 /// A TLS handshake slower than this is abandoned (a stalled client must not hold a task).
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// TLS termination on one listener: the server config, and the permits of the handshakes that
+/// may run at once past their ClientHello (`client.max_tls_handshakes`).
+#[derive(Clone)]
+struct TlsIngress {
+    config: Arc<rustls::ServerConfig>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// Why a TLS handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+enum HandshakeError {
+    #[error("TLS handshake failed: {0}")]
+    Failed(#[from] std::io::Error),
+    #[error("TLS handshake not done within {TLS_HANDSHAKE_TIMEOUT:?}")]
+    TimedOut,
+    #[error("no TLS handshake permit within {TLS_HANDSHAKE_TIMEOUT:?} (client.max_tls_handshakes in progress)")]
+    NoPermit,
+}
+
+impl TlsIngress {
+    /// Completes the handshake by `deadline`. The ClientHello is read first, without a permit:
+    /// it costs nothing to parse, and a client sending it slowly must not hold a permit other
+    /// handshakes wait for. The rest (key exchange, signature: the CPU of a handshake) runs
+    /// with a permit, taken in arrival order once one is free.
+    async fn accept(
+        &self,
+        stream: TcpStream,
+        deadline: Instant,
+        metrics: &super::metrics::ProxyMetrics,
+    ) -> Result<tokio_rustls::server::TlsStream<TcpStream>, HandshakeError> {
+        let hello =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream);
+        let start = tokio::time::timeout_at(deadline, hello)
+            .await
+            .map_err(|_| HandshakeError::TimedOut)??;
+        let _permit = match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                metrics.tls_handshake_waited();
+                tokio::time::timeout_at(deadline, self.permits.clone().acquire_owned())
+                    .await
+                    .map_err(|_| HandshakeError::NoPermit)?
+                    .expect("the semaphore is never closed")
+            }
+        };
+        tokio::time::timeout_at(deadline, start.into_stream(self.config.clone()))
+            .await
+            .map_err(|_| HandshakeError::TimedOut)?
+            .map_err(HandshakeError::Failed)
+    }
+}
+
 /// Loads the certificate chain and key; errors name the file and what is wrong with it.
 pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
     let read = |path: &std::path::PathBuf| {
@@ -92,6 +144,17 @@ pub async fn serve(
     mut shutdown: Shutdown,
     grace: Duration,
 ) {
+    let (max_connections, max_tls_handshakes) = {
+        let config = inner.config.lock();
+        (
+            config.client.max_connections,
+            config.client.max_tls_handshakes,
+        )
+    };
+    let tls = tls.map(|acceptor| TlsIngress {
+        config: acceptor.config().clone(),
+        permits: Arc::new(tokio::sync::Semaphore::new(max_tls_handshakes)),
+    });
     let mut handoffs = Vec::new();
     let mut done = Vec::new();
     for worker in 0..workers.max(1) {
@@ -131,7 +194,6 @@ pub async fn serve(
             Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
         }
     }
-    let max_connections = inner.config.lock().client.max_connections;
     let open = Arc::new(AtomicUsize::new(0));
     let mut next = 0usize;
     loop {
@@ -250,7 +312,7 @@ fn refuse_over_capacity(stream: &TcpStream, plain: bool) {
 async fn worker_loop(
     mut handed: mpsc::UnboundedReceiver<Handoff>,
     worker: usize,
-    tls: Option<TlsAcceptor>,
+    tls: Option<TlsIngress>,
     inner: Arc<Inner>,
     mut shutdown: Shutdown,
     grace: Duration,
@@ -330,7 +392,7 @@ async fn sniff_h2(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<bool> {
 async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
-    tls: Option<TlsAcceptor>,
+    tls: Option<TlsIngress>,
     inner: Arc<Inner>,
     worker: usize,
     mut shutdown: Shutdown,
@@ -364,20 +426,28 @@ async fn serve_connection(
                 }
             }
         }
-        Some(acceptor) => {
-            let stream =
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
+        Some(tls) => {
+            let deadline = opened + TLS_HANDSHAKE_TIMEOUT;
+            let handshake = tokio::select! {
+                handshake = tls.accept(stream, deadline, &inner.metrics) => handshake,
+                () = shutdown.wait() => return,
+            };
+            let stream = match handshake {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "no TLS session");
+                    match e {
+                        HandshakeError::Failed(_) => {}
+                        HandshakeError::TimedOut => {
+                            inner.metrics.client_timeout(ClientTimeout::Header)
+                        }
+                        HandshakeError::NoPermit => inner
+                            .metrics
+                            .connection_refused(ConnectionRefusal::TlsHandshakes),
                     }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        inner.metrics.client_timeout(ClientTimeout::Header);
-                        return;
-                    }
-                };
+                    return;
+                }
+            };
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
                 ingress::serve(stream, BytesMut::new(), inner, client, shutdown, opened).await;
                 return;
