@@ -85,6 +85,11 @@ pub struct ClientConfig {
     /// connection closes and the upstream request is cancelled, so a client that stops reading
     /// a stream does not hold a backend's generation.
     pub send_timeout_ms: u64,
+    /// A graceful close waits this long for the client at most, then the connection is
+    /// dropped: HTTP/2 once it has no open stream after its GOAWAY (a client that never
+    /// acknowledges the PING, or never sends its preface, would otherwise hold it for ever);
+    /// HTTP/1.1 for its TLS close and, after a refused request, for the client to hang up.
+    pub close_grace_ms: u64,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +99,7 @@ impl Default for ClientConfig {
             body_timeout_ms: 60_000,
             idle_timeout_ms: 75_000,
             send_timeout_ms: 60_000,
+            close_grace_ms: 2_000,
         }
     }
 }
@@ -373,6 +379,7 @@ impl ProxyConfig {
             ("client.body_timeout_ms", self.client.body_timeout_ms),
             ("client.idle_timeout_ms", self.client.idle_timeout_ms),
             ("client.send_timeout_ms", self.client.send_timeout_ms),
+            ("client.close_grace_ms", self.client.close_grace_ms),
         ] {
             if value == 0 {
                 return bad(format!("{field}: must be > 0, got 0"));
@@ -605,6 +612,7 @@ mod tests {
         assert_eq!(c.health.unhealthy_threshold, 3);
         assert_eq!(c.health.healthy_threshold, 2);
         assert_eq!(c.upstream.retries, 1);
+        assert_eq!(c.client.close_grace_ms, 2000);
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9464");
         assert_eq!(c.backends[0].weight, 1.0);
     }
@@ -653,6 +661,10 @@ mod tests {
             (
                 format!("[client]\nsend_timeout_ms = 0\n{b}"),
                 "client.send_timeout_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nclose_grace_ms = 0\n{b}"),
+                "client.close_grace_ms: must be > 0, got 0",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

@@ -93,13 +93,19 @@ pub enum ClientTimeout {
     Idle,
     /// The client stopped taking a response.
     Send,
+    /// A graceful close (after the idle timeout, on shutdown, after a refusal) that the client
+    /// did not let finish within `client.close_grace_ms`: the connection was dropped. A close
+    /// begun for a limit (`Idle`) is counted as that limit when it begins, and here too when
+    /// it had to be forced.
+    Close,
 }
 
-const CLIENT_TIMEOUTS: [ClientTimeout; 4] = [
+const CLIENT_TIMEOUTS: [ClientTimeout; 5] = [
     ClientTimeout::Header,
     ClientTimeout::Body,
     ClientTimeout::Idle,
     ClientTimeout::Send,
+    ClientTimeout::Close,
 ];
 
 impl ClientTimeout {
@@ -110,6 +116,7 @@ impl ClientTimeout {
             ClientTimeout::Body => "body",
             ClientTimeout::Idle => "idle",
             ClientTimeout::Send => "send",
+            ClientTimeout::Close => "close",
         }
     }
 }
@@ -486,7 +493,7 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_client_timeouts_total",
-        "Client connections closed by a [client] limit (header, body, idle, send).",
+        "Client connections closed by a [client] limit (header, body, idle, send; close: dropped when a graceful close did not finish within close_grace_ms).",
         0,
     );
     d("agentrace_in_flight", "Requests in flight per backend.", 1);

@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod capture;
 pub mod dataset;
+pub mod raw_h2;
 pub mod raw_http1;
 pub mod replay;
 pub mod sim;
