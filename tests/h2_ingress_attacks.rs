@@ -1,20 +1,30 @@
 //! HTTP/2 ingress under attack, through a real proxy and real backends, with clients that
-//! behave as attackers do: a raw-frame client that never acknowledges a PING, and a TLS client
-//! that never sends its preface.
+//! behave as attackers do: a raw-frame client that never acknowledges a PING, a TLS client
+//! that never sends its preface, and `h2` crate clients that reset streams.
 //!
 //! Invariants:
 //! - every graceful close has a hard deadline: an HTTP/2 connection whose client never
 //!   acknowledges the GOAWAY's PING (h2c), or never sends its preface (TLS with ALPN h2), is
 //!   dropped `client.close_grace_ms` after the idle timeout closed it, and an HTTP/1.1 client
 //!   that does not hang up after a refusal is cut off after the same grace; each such drop is
-//!   counted once as `limit="close"`, besides the `idle` count of the close it cut short.
+//!   counted once as `limit="close"`, besides the `idle` count of the close it cut short;
+//! - a reset storm (streams cancelled once their request reached the backend) closes the
+//!   connection, and the backend sees no more than `h2_max_cancelled_streams` +
+//!   `h2_max_concurrent_streams` of its requests; the cancelled streams are counted in
+//!   `agentrace_client_cancelled_streams_total` and `agentrace_requests_total{status="cancelled"}`,
+//!   the close in `agentrace_client_cancel_limit_closes_total`;
+//! - a client that cancels fewer than `h2_max_cancelled_share` of its streams keeps its
+//!   connection.
 
 mod support;
 
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentrace::proxy::config::TlsConfig;
+use bytes::Bytes;
 use support::backends::*;
 use support::raw_h2::{self, RawH2};
 use support::raw_http1::{self, guarded};
@@ -137,5 +147,209 @@ async fn an_http1_client_that_does_not_hang_up_after_a_refusal_is_cut_off_after_
     );
     assert_eq!(proxy.client_timeouts("close").await, 1);
     assert_eq!(backend.hits(), 0);
+    proxy.shutdown().await;
+}
+
+const MAX_CANCELLED: u64 = 10;
+const MAX_STREAMS: u32 = 4;
+
+/// A proxy over `backend` with small HTTP/2 stream limits.
+async fn proxy_with_stream_limits(backend: &TestBackend) -> TestProxy {
+    let mut config = config_for(&[backend]);
+    config.client.h2_max_cancelled_streams = MAX_CANCELLED;
+    config.client.h2_max_cancelled_share = 0.5;
+    config.client.h2_max_concurrent_streams = MAX_STREAMS;
+    config.client.close_grace_ms = 1_000;
+    start_proxy(config).await
+}
+
+async fn h2_client(
+    proxy: &TestProxy,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    (send, tokio::spawn(conn))
+}
+
+/// Opens a stream for `GET path`, whose answer (or refusal) is reported on `answered` with
+/// `index`; `None` once the connection takes no more streams.
+async fn open_stream(
+    client: &mut h2::client::SendRequest<Bytes>,
+    proxy: &TestProxy,
+    path: &str,
+    index: u64,
+    answered: &tokio::sync::mpsc::UnboundedSender<(u64, Option<u16>)>,
+) -> Option<h2::SendStream<Bytes>> {
+    let ready = guarded("stream capacity", client.clone().ready())
+        .await
+        .ok()?;
+    *client = ready;
+    let req = http::Request::get(proxy.url(path)).body(()).unwrap();
+    let (response, stream) = client.send_request(req, true).ok()?;
+    let answered = answered.clone();
+    tokio::spawn(async move {
+        let status = response.await.ok().map(|r| r.status().as_u16());
+        let _ = answered.send((index, status));
+    });
+    Some(stream)
+}
+
+/// Waits until each of the streams `first..first + n` has either reached the backend (its hit
+/// counted past `hits_before`) or been answered without it.
+async fn each_forwarded_or_answered(
+    backend: &TestBackend,
+    hits_before: u64,
+    first: u64,
+    n: u64,
+    answered: &mut tokio::sync::mpsc::UnboundedReceiver<(u64, Option<u16>)>,
+) {
+    let mut done = HashSet::new();
+    guarded("each stream to reach the backend or be refused", async {
+        loop {
+            let notified = backend.ctl.changed.notified();
+            if backend.hits() - hits_before + done.len() as u64 >= n {
+                return;
+            }
+            tokio::select! {
+                () = notified => {}
+                Some((index, _)) = answered.recv() => {
+                    if index >= first {
+                        done.insert(index);
+                    }
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Rapid Reset without the timing: each batch of streams is reset only once every one of them
+/// reached the backend (or was refused), so every cancel costs the backend a request, as the
+/// attack's 2-5 ms resets did.
+#[tokio::test]
+async fn a_reset_storm_closes_the_connection_before_the_backend_sees_more_than_the_limits_allow() {
+    let backend = TestBackend::spawn_with("b", Mode::Stall).await;
+    let proxy = proxy_with_stream_limits(&backend).await;
+    let (mut client, conn) = h2_client(&proxy).await;
+    let (answered_tx, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let mut sent = 0u64;
+    'storm: while sent < 200 {
+        let (hits_before, first) = (backend.hits(), sent);
+        let mut batch = Vec::new();
+        for _ in 0..MAX_STREAMS {
+            match open_stream(&mut client, &proxy, "/v1/storm", sent, &answered_tx).await {
+                Some(stream) => batch.push(stream),
+                None if batch.is_empty() => break 'storm,
+                None => break,
+            }
+            sent += 1;
+        }
+        let n = batch.len() as u64;
+        each_forwarded_or_answered(&backend, hits_before, first, n, &mut answered).await;
+        for mut stream in batch {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
+    }
+    drop(client);
+    guarded("the proxy to close the storming connection", conn)
+        .await
+        .unwrap()
+        .ok();
+    let hits = backend.hits();
+    assert!(
+        hits > MAX_CANCELLED,
+        "closed after {hits} requests, before the cancel limit"
+    );
+    assert!(
+        hits <= MAX_CANCELLED + u64::from(MAX_STREAMS),
+        "{hits} of {sent} streams reached the backend"
+    );
+    backend
+        .wait_for("every forwarded request to be cancelled", |c| {
+            c.cancelled.load(Ordering::SeqCst) == hits
+        })
+        .await;
+    assert_eq!(
+        proxy
+            .counter("agentrace_requests_total{backend=\"b\",status=\"cancelled\"}")
+            .await,
+        hits
+    );
+    let cancelled = proxy
+        .counter("agentrace_client_cancelled_streams_total")
+        .await;
+    assert!(
+        cancelled > MAX_CANCELLED && cancelled <= hits,
+        "{cancelled} cancelled streams counted, {hits} forwarded"
+    );
+    assert_eq!(
+        proxy
+            .counter("agentrace_client_cancel_limit_closes_total")
+            .await,
+        1
+    );
+    proxy.shutdown().await;
+}
+
+/// Cancelling is ordinary (an agent stops a generation): past the count limit, a client that
+/// cancels less than the share of its streams keeps its connection.
+#[tokio::test]
+async fn a_client_that_cancels_a_minority_of_its_streams_keeps_its_connection() {
+    let backend = TestBackend::spawn("b").await;
+    let proxy = proxy_with_stream_limits(&backend).await;
+    let (mut client, _conn) = h2_client(&proxy).await;
+    let (answered_tx, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    let mut index = 0u64;
+    // 2 * (MAX_CANCELLED + 2) answered, then MAX_CANCELLED + 2 cancelled: a third cancelled.
+    for _ in 0..2 * (MAX_CANCELLED + 2) {
+        open_stream(&mut client, &proxy, "/v1/ok", index, &answered_tx)
+            .await
+            .expect("the connection takes streams");
+        let (at, status) = guarded("an answer", answered.recv()).await.unwrap();
+        assert_eq!((at, status), (index, Some(200)));
+        index += 1;
+    }
+    backend.set_mode(Mode::Stall);
+    for _ in 0..MAX_CANCELLED + 2 {
+        let hits_before = backend.hits();
+        let mut stream = open_stream(&mut client, &proxy, "/v1/stop", index, &answered_tx)
+            .await
+            .expect("the connection takes streams");
+        each_forwarded_or_answered(&backend, hits_before, index, 1, &mut answered).await;
+        assert_eq!(backend.hits(), hits_before + 1, "stream {index} refused");
+        stream.send_reset(h2::Reason::CANCEL);
+        index += 1;
+    }
+    backend
+        .wait_for("the cancels to reach the backend", |c| {
+            c.cancelled.load(Ordering::SeqCst) == MAX_CANCELLED + 2
+        })
+        .await;
+    backend.set_mode(Mode::Json);
+    open_stream(&mut client, &proxy, "/v1/after", index, &answered_tx)
+        .await
+        .expect("the connection still takes streams");
+    loop {
+        let (at, status) = guarded("an answer", answered.recv()).await.unwrap();
+        if at == index {
+            assert_eq!(status, Some(200));
+            break;
+        }
+    }
+    assert_eq!(
+        proxy
+            .counter("agentrace_client_cancelled_streams_total")
+            .await,
+        MAX_CANCELLED + 2
+    );
+    assert_eq!(
+        proxy
+            .counter("agentrace_client_cancel_limit_closes_total")
+            .await,
+        0
+    );
     proxy.shutdown().await;
 }

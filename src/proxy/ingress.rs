@@ -42,6 +42,9 @@ pub struct ClientLimits {
     pub send: Duration,
     /// How long a graceful close may wait on the client before the connection is dropped.
     pub close_grace: Duration,
+    pub h2_max_streams: u32,
+    pub h2_max_cancelled: u64,
+    pub h2_cancelled_share: f64,
 }
 
 impl From<&super::config::ClientConfig> for ClientLimits {
@@ -52,6 +55,9 @@ impl From<&super::config::ClientConfig> for ClientLimits {
             idle: Duration::from_millis(c.idle_timeout_ms),
             send: Duration::from_millis(c.send_timeout_ms),
             close_grace: Duration::from_millis(c.close_grace_ms),
+            h2_max_streams: c.h2_max_concurrent_streams,
+            h2_max_cancelled: c.h2_max_cancelled_streams,
+            h2_cancelled_share: c.h2_max_cancelled_share,
         }
     }
 }

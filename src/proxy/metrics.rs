@@ -161,6 +161,10 @@ pub struct ProxyMetrics {
     reloads_ok: Counter,
     reloads_failed: Counter,
     client_timeouts: Arc<Vec<Counter>>,
+    /// HTTP/2 streams the client cancelled before their response was complete.
+    pub cancelled_streams: Counter,
+    /// HTTP/2 connections closed for cancelling too many streams.
+    cancel_closes: Counter,
 }
 
 /// Metric handles of one backend.
@@ -171,6 +175,8 @@ pub struct BackendMetrics {
     by_status: Arc<Mutex<HashMap<u16, Counter>>>,
     /// The 200 series of `by_status`, kept apart so the common case takes no lock.
     ok: Arc<OnceLock<Counter>>,
+    /// Requests abandoned before the response head: the `status="cancelled"` series.
+    cancelled: Counter,
     /// Request sent → response body finished.
     pub latency: Histogram,
     /// Request sent → first response body byte (response head for an empty body).
@@ -273,8 +279,18 @@ impl ProxyMetrics {
                 )
             })
             .collect();
+        let cancelled_streams = r.register_counter(
+            &key("agentrace_client_cancelled_streams_total", vec![]),
+            &META,
+        );
+        let cancel_closes = r.register_counter(
+            &key("agentrace_client_cancel_limit_closes_total", vec![]),
+            &META,
+        );
         Self {
             handle,
+            cancelled_streams,
+            cancel_closes,
             decisions: Arc::new(decisions),
             retries: Arc::new(retries),
             overhead,
@@ -314,10 +330,13 @@ impl ProxyMetrics {
                 r.register_counter(&key("agentrace_upstream_errors_total", labels), &META)
             })
             .collect();
+        let mut cancelled = l();
+        cancelled.push(Label::new("status", "cancelled"));
         BackendMetrics {
             recorder: self.recorder.clone(),
             by_status: Arc::default(),
             ok: Arc::default(),
+            cancelled: r.register_counter(&key("agentrace_requests_total", cancelled), &META),
             latency: r.register_histogram(&key("agentrace_upstream_latency_seconds", l()), &META),
             ttfb: r.register_histogram(&key("agentrace_upstream_ttfb_seconds", l()), &META),
             errors: Arc::new(errors),
@@ -380,6 +399,11 @@ impl ProxyMetrics {
             .position(|t| *t == limit)
             .unwrap_or(0);
         self.client_timeouts[i].increment(1);
+    }
+
+    /// Counts an HTTP/2 connection closed because its client cancelled too many streams.
+    pub fn cancel_limit_close(&self) {
+        self.cancel_closes.increment(1);
     }
 
     /// Counts a configuration reload attempt.
@@ -455,6 +479,12 @@ impl BackendMetrics {
         map.entry(code).or_insert_with(register).increment(1);
     }
 
+    /// Counts a request abandoned (its client gone, or its stream reset) while it was on its
+    /// way to the backend or awaiting the response head.
+    pub fn request_cancelled(&self) {
+        self.cancelled.increment(1);
+    }
+
     /// Counts an upstream error.
     pub fn error(&self, kind: ErrorKind) {
         let i = ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
@@ -478,7 +508,7 @@ fn describe(r: &PrometheusRecorder) {
     };
     d(
         "agentrace_requests_total",
-        "Responses by backend (none: refused by the proxy) and status.",
+        "Responses by backend (none: refused by the proxy) and status (cancelled: abandoned by the client before the response head).",
         0,
     );
     d(
@@ -494,6 +524,16 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_client_timeouts_total",
         "Client connections closed by a [client] limit (header, body, idle, send; close: dropped when a graceful close did not finish within close_grace_ms).",
+        0,
+    );
+    d(
+        "agentrace_client_cancelled_streams_total",
+        "HTTP/2 streams the client reset (or whose connection it closed) before their response was complete.",
+        0,
+    );
+    d(
+        "agentrace_client_cancel_limit_closes_total",
+        "HTTP/2 connections closed because their client cancelled more streams than client.h2_max_cancelled_streams and client.h2_max_cancelled_share allow.",
         0,
     );
     d("agentrace_in_flight", "Requests in flight per backend.", 1);
