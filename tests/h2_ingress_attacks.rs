@@ -14,7 +14,9 @@
 //!   `agentrace_client_cancelled_streams_total` and `agentrace_requests_total{status="cancelled"}`,
 //!   the close in `agentrace_client_cancel_limit_closes_total`;
 //! - a client that cancels fewer than `h2_max_cancelled_share` of its streams keeps its
-//!   connection.
+//!   connection;
+//! - split HTTP/2 `cookie` fields reach an HTTP/1.1 backend as one `cookie` line, joined by
+//!   `"; "` (RFC 9113 §8.2.3).
 
 mod support;
 
@@ -27,7 +29,7 @@ use agentrace::proxy::config::TlsConfig;
 use bytes::Bytes;
 use support::backends::*;
 use support::raw_h2::{self, RawH2};
-use support::raw_http1::{self, guarded};
+use support::raw_http1::{self, guarded, After, RawBackend};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -351,5 +353,34 @@ async fn a_client_that_cancels_a_minority_of_its_streams_keeps_its_connection() 
             .await,
         0
     );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn split_http2_cookies_reach_an_http1_backend_as_one_line() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(raw_http1::config_over(&[("raw", backend.url())])).await;
+    let (mut client, _conn) = h2_client(&proxy).await;
+    let req = http::Request::get(proxy.url("/v1/models"))
+        .header("cookie", "a=1")
+        .header("x-session-id", "s")
+        .header("cookie", "b=2")
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(req, true).unwrap();
+    let response = guarded("the answer", response).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let requests = backend.requests();
+    assert_eq!(requests.len(), 1);
+    let (head, _) = raw_http1::split_request(&requests[0]);
+    let cookies: Vec<&str> = head
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("cookie:"))
+        .collect();
+    assert_eq!(cookies, ["cookie: a=1; b=2"], "{head}");
     proxy.shutdown().await;
 }

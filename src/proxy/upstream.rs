@@ -408,7 +408,7 @@ async fn read_and_forward(
     }
     let body = first.unwrap_or_else(|| gathered.freeze());
     let req = ClientRequest {
-        headers: WireFields::from_map(&parts.headers),
+        headers: WireFields::from_h2_request(&parts.headers),
         method: parts.method,
         uri: parts.uri,
         body,
