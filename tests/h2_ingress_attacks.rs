@@ -16,7 +16,8 @@
 //! - a client that cancels fewer than `h2_max_cancelled_share` of its streams keeps its
 //!   connection;
 //! - split HTTP/2 `cookie` fields reach an HTTP/1.1 backend as one `cookie` line, joined by
-//!   `"; "` (RFC 9113 §8.2.3).
+//!   `"; "` (RFC 9113 §8.2.3);
+//! - an HTTP/2 `CONNECT` gets 405 and never reaches a backend, and the connection serves on.
 
 mod support;
 
@@ -382,5 +383,50 @@ async fn split_http2_cookies_reach_an_http1_backend_as_one_line() {
         .filter(|l| l.to_ascii_lowercase().starts_with("cookie:"))
         .collect();
     assert_eq!(cookies, ["cookie: a=1; b=2"], "{head}");
+    proxy.shutdown().await;
+}
+
+/// The tunnel's first bytes follow the CONNECT as DATA, as a client's TLS hello would.
+#[tokio::test]
+async fn an_http2_connect_gets_405_and_never_reaches_a_backend() {
+    let backend = RawBackend::spawn(
+        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"],
+        After::KeepServing,
+    )
+    .await;
+    let proxy = start_proxy(raw_http1::config_over(&[("raw", backend.url())])).await;
+    let (mut client, _conn) = h2_client(&proxy).await;
+    let connect = http::Request::connect("proxy.test:443").body(()).unwrap();
+    let (response, mut tunnel) = client.send_request(connect, false).unwrap();
+    tunnel
+        .send_data(Bytes::from_static(b"\x16\x03\x01\x02\x00"), false)
+        .unwrap();
+    let response = guarded("the answer to CONNECT", response).await.unwrap();
+    assert_eq!(response.status(), 405);
+    let allow = response.headers()["allow"].to_str().unwrap();
+    assert!(
+        allow.contains("POST") && !allow.contains("CONNECT"),
+        "{allow}"
+    );
+    // The connection serves on; the backend sees the next request and only that.
+    let mut client = guarded("stream capacity", client.ready()).await.unwrap();
+    let get = http::Request::get(proxy.url("/v1/models"))
+        .body(())
+        .unwrap();
+    let (response, _) = client.send_request(get, true).unwrap();
+    assert_eq!(guarded("the answer", response).await.unwrap().status(), 200);
+    let requests: Vec<String> = backend
+        .requests()
+        .iter()
+        .map(|r| raw_http1::split_request(r).0)
+        .collect();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert!(requests[0].starts_with("GET /v1/models "), "{requests:?}");
+    assert_eq!(
+        proxy
+            .counter("agentrace_requests_total{backend=\"none\",status=\"405\"}")
+            .await,
+        1
+    );
     proxy.shutdown().await;
 }
