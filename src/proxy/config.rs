@@ -98,6 +98,23 @@ pub struct ClientConfig {
     /// free permit within its 10 s handshake deadline, then is closed. A ClientHello is read
     /// without a permit, so clients that send theirs slowly hold none.
     pub max_tls_handshakes: usize,
+    /// A graceful close waits this long for the client at most, then the connection is
+    /// dropped: HTTP/2 once it has no open stream after its GOAWAY (a client that never
+    /// acknowledges the PING, or never sends its preface, would otherwise hold it for ever);
+    /// HTTP/1.1 for its TLS close and, after a refused request, for the client to hang up.
+    pub close_grace_ms: u64,
+    /// Streams an HTTP/2 client may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS). A
+    /// stream counts until its backend request has ended, so one the client reset still counts
+    /// until its cancel reached the proxy; a stream beyond the limit is refused
+    /// (REFUSED_STREAM) and never forwarded.
+    pub h2_max_concurrent_streams: u32,
+    /// An HTTP/2 connection whose client has cancelled more than this many streams before
+    /// their response was complete (each a backend request started for nothing), and more than
+    /// `h2_max_cancelled_share` of its ended streams, is closed: GOAWAY, new streams refused.
+    pub h2_max_cancelled_streams: u64,
+    /// The share of a connection's ended streams its client may cancel past
+    /// `h2_max_cancelled_streams` (1.0: any share, the limit is off).
+    pub h2_max_cancelled_share: f64,
 }
 
 impl Default for ClientConfig {
@@ -109,6 +126,10 @@ impl Default for ClientConfig {
             send_timeout_ms: 60_000,
             max_connections: 10_000,
             max_tls_handshakes: 64,
+            close_grace_ms: 2_000,
+            h2_max_concurrent_streams: 200,
+            h2_max_cancelled_streams: 100,
+            h2_max_cancelled_share: 0.5,
         }
     }
 }
@@ -395,6 +416,11 @@ impl ProxyConfig {
             ("client.body_timeout_ms", self.client.body_timeout_ms),
             ("client.idle_timeout_ms", self.client.idle_timeout_ms),
             ("client.send_timeout_ms", self.client.send_timeout_ms),
+            ("client.close_grace_ms", self.client.close_grace_ms),
+            (
+                "client.h2_max_concurrent_streams",
+                u64::from(self.client.h2_max_concurrent_streams),
+            ),
         ] {
             if value == 0 {
                 return bad(format!("{field}: must be > 0, got 0"));
@@ -411,6 +437,12 @@ impl ProxyConfig {
         }
         if self.client.max_tls_handshakes == 0 {
             return bad("client.max_tls_handshakes: must be >= 1, got 0".into());
+        }
+        let share = self.client.h2_max_cancelled_share;
+        if !(0.0..=1.0).contains(&share) {
+            return bad(format!(
+                "client.h2_max_cancelled_share: must be within 0.0..=1.0, got {share}"
+            ));
         }
         if self.workers > 256 {
             return bad(format!("workers: must be <= 256, got {}", self.workers));
@@ -648,6 +680,10 @@ mod tests {
         assert_eq!(c.health.unhealthy_threshold, 3);
         assert_eq!(c.health.healthy_threshold, 2);
         assert_eq!(c.upstream.retries, 1);
+        assert_eq!(c.client.close_grace_ms, 2000);
+        assert_eq!(c.client.h2_max_concurrent_streams, 200);
+        assert_eq!(c.client.h2_max_cancelled_streams, 100);
+        assert_eq!(c.client.h2_max_cancelled_share, 0.5);
         assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9464");
         assert_eq!(c.backends[0].weight, 1.0);
     }
@@ -712,6 +748,18 @@ mod tests {
             (
                 format!("[client]\nmax_tls_handshakes = 0\n{b}"),
                 "client.max_tls_handshakes: must be >= 1, got 0",
+            ),
+            (
+                format!("[client]\nclose_grace_ms = 0\n{b}"),
+                "client.close_grace_ms: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nh2_max_concurrent_streams = 0\n{b}"),
+                "client.h2_max_concurrent_streams: must be > 0, got 0",
+            ),
+            (
+                format!("[client]\nh2_max_cancelled_share = 1.5\n{b}"),
+                "client.h2_max_cancelled_share: must be within 0.0..=1.0, got 1.5",
             ),
             (
                 format!("[upstream]\nconnect_timeout_ms = 0\n{b}"),

@@ -284,6 +284,31 @@ impl WireFields {
         )
     }
 
+    /// The fields of an HTTP/2 request, its `cookie` fields joined into one by `"; "` where
+    /// the first was (RFC 9113 §8.2.3): HTTP/2 lets a client split the cookies over several
+    /// fields for compression, but an HTTP/1.1 server expects one `Cookie` line.
+    pub fn from_h2_request(map: &HeaderMap) -> Self {
+        let mut cookies = map.get_all(http::header::COOKIE).iter();
+        if cookies.next().is_none() || cookies.next().is_none() {
+            return Self::from_map(map);
+        }
+        let mut joined = BytesMut::new();
+        for value in map.get_all(http::header::COOKIE) {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b"; ");
+            }
+            joined.extend_from_slice(value.as_bytes());
+        }
+        let mut cookie_written = false;
+        Self::from_pairs(map.iter().filter_map(|(name, value)| {
+            if name != http::header::COOKIE {
+                return Some((name.as_str().as_bytes(), value.as_bytes()));
+            }
+            (!std::mem::replace(&mut cookie_written, true))
+                .then_some((name.as_str().as_bytes(), &joined[..]))
+        }))
+    }
+
     /// The whole head the fields were read from.
     pub fn head(&self) -> &Bytes {
         &self.head
@@ -584,5 +609,30 @@ mod tests {
         ] {
             assert!(!is_forwarded_list(bad.as_bytes()), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn split_http2_cookies_become_one_field_where_the_first_was() {
+        let mut map = HeaderMap::new();
+        map.append("x-session-id", HeaderValue::from_static("s"));
+        map.append("cookie", HeaderValue::from_static("a=1"));
+        map.append("accept", HeaderValue::from_static("*/*"));
+        map.append("cookie", HeaderValue::from_static("b=2"));
+        map.append("cookie", HeaderValue::from_static("c=3"));
+        let fields = WireFields::from_h2_request(&map);
+        let pairs: Vec<(&[u8], &[u8])> = fields.pairs().collect();
+        assert_eq!(
+            pairs,
+            [
+                (&b"x-session-id"[..], &b"s"[..]),
+                (b"cookie", b"a=1; b=2; c=3"),
+                (b"accept", b"*/*"),
+            ]
+        );
+        // One cookie field is left as it is.
+        map.remove("cookie");
+        map.append("cookie", HeaderValue::from_static("only=1"));
+        let fields = WireFields::from_h2_request(&map);
+        assert_eq!(fields.values_of("cookie").collect::<Vec<_>>(), [b"only=1"]);
     }
 }

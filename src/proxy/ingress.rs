@@ -32,17 +32,19 @@ use crate::shutdown::Shutdown;
 /// frames that have already arrived are gathered up to it too, so a burst of SSE events read
 /// from the backend at once costs the client one write and one wake-up, not one per event.
 const COPY_MAX: usize = 16 * 1024;
-/// After refusing a request whose body is left unread, how long the rest of it is read and
-/// dropped, so that closing does not reset the connection before the client reads the answer.
-const LINGER: Duration = Duration::from_secs(2);
 
-/// The client-side time limits (`[client]` in the config).
+/// The client-side limits (`[client]` in the config).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientLimits {
     pub header: Duration,
     pub body: Duration,
     pub idle: Duration,
     pub send: Duration,
+    /// How long a graceful close may wait on the client before the connection is dropped.
+    pub close_grace: Duration,
+    pub h2_max_streams: u32,
+    pub h2_max_cancelled: u64,
+    pub h2_cancelled_share: f64,
 }
 
 impl From<&super::config::ClientConfig> for ClientLimits {
@@ -52,6 +54,10 @@ impl From<&super::config::ClientConfig> for ClientLimits {
             body: Duration::from_millis(c.body_timeout_ms),
             idle: Duration::from_millis(c.idle_timeout_ms),
             send: Duration::from_millis(c.send_timeout_ms),
+            close_grace: Duration::from_millis(c.close_grace_ms),
+            h2_max_streams: c.h2_max_concurrent_streams,
+            h2_max_cancelled: c.h2_max_cancelled_streams,
+            h2_cancelled_share: c.h2_max_cancelled_share,
         }
     }
 }
@@ -170,6 +176,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         limits,
         idle_since: opened,
         served: false,
+        shut: false,
     };
     // One wait and one timer for the connection's life: they register once, not per request.
     let mut stop = std::pin::pin!(shutdown.clone().signalled());
@@ -179,7 +186,12 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         .await
     {}
     // A TLS close is a write too: a client that reads nothing must not hold it open.
-    let _ = within(conn.io.shutdown(), limits.send, &mut deadline).await;
+    if !conn.shut {
+        let closed = within(conn.io.shutdown(), limits.close_grace, &mut deadline).await;
+        if closed.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut) {
+            inner.metrics.client_timeout(ClientTimeout::Close);
+        }
+    }
 }
 
 enum Next {
@@ -208,6 +220,8 @@ struct Conn<S> {
     idle_since: Instant,
     /// Whether a request has been answered on this connection.
     served: bool,
+    /// Whether the sending side has been closed already (after a refusal).
+    shut: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -308,7 +322,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let answer = upstream::too_large(inner, limit);
                 self.respond(inner, answer, false, head.version, false, deadline)
                     .await;
-                self.linger(deadline).await;
+                self.linger(inner, deadline).await;
                 return Next::Close;
             }
             Err(BodyError::OverBudget) => {
@@ -319,7 +333,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 let answer = upstream::over_budget(inner);
                 self.respond(inner, answer, false, head.version, false, deadline)
                     .await;
-                self.linger(deadline).await;
+                self.linger(inner, deadline).await;
                 return Next::Close;
             }
             Err(BodyError::Malformed(e)) => {
@@ -480,22 +494,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     async fn close_with(&mut self, inner: &Inner, answer: Answer, deadline: &mut Deadline) -> Next {
         self.respond(inner, answer, false, Version::HTTP_11, false, deadline)
             .await;
-        self.linger(deadline).await;
+        self.linger(inner, deadline).await;
         Next::Close
     }
 
-    /// Ends the sending side and reads for a while what the client still sends.
-    async fn linger(&mut self, deadline: &mut Deadline) {
-        let _ = within(self.io.shutdown(), self.limits.send, deadline).await;
-        let _ = tokio::time::timeout(LINGER, async {
+    /// Ends the sending side and reads and drops what the client still sends until it hangs
+    /// up, so that closing does not reset the connection before the client has read the
+    /// answer; a client still there after `client.close_grace_ms` is cut off.
+    async fn linger(&mut self, inner: &Inner, deadline: &mut Deadline) {
+        self.shut = true;
+        let due = Instant::now() + self.limits.close_grace;
+        let hung_up = async {
+            if self.io.shutdown().await.is_err() {
+                return;
+            }
             loop {
                 self.buf.clear();
                 if !matches!(self.read_more().await, Ok(n) if n > 0) {
                     return;
                 }
             }
-        })
-        .await;
+        };
+        tokio::select! {
+            () = hung_up => {}
+            () = deadline.reached(due) => inner.metrics.client_timeout(ClientTimeout::Close),
+        }
     }
 
     /// Writes `response`, its body frame by frame as it arrives; a frame that is ready goes out

@@ -2,15 +2,12 @@
 //! HTTP/2 (h2c by its preface, or TLS with ALPN h2) by hyper; drains them within the grace
 //! period on shutdown.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use metrics::Gauge;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,7 +17,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
-use super::ingress::{ClientLimits, Deadline};
+use super::ingress_h2::serve as serve_h2;
 use super::metrics::{ClientTimeout, ConnectionRefusal};
 use super::{ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
@@ -457,203 +454,6 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
-    }
-}
-
-/// Serves an HTTP/2 connection with hyper, each request through [`upstream::handle`], until
-/// the client closes it, or it has had no open stream for the idle timeout or `shutdown`
-/// fires (then GOAWAY, and the open streams finish). A client that leaves a stream's data
-/// unread for the send timeout, before or after GOAWAY, has the connection closed under it,
-/// which cancels its upstream requests.
-async fn serve_h2<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
-    io: S,
-    inner: Arc<Inner>,
-    client: Arc<upstream::ClientConn>,
-    mut shutdown: Shutdown,
-    opened: Instant,
-) -> Result<(), hyper::Error> {
-    let limits = inner.client_limits;
-    let metrics = inner.metrics.clone();
-    let streams = Arc::new(OpenStreams::new(opened));
-    let service = service_fn({
-        let streams = streams.clone();
-        move |req| {
-            let (inner, client, open) = (inner.clone(), client.clone(), streams.open());
-            async move {
-                let response = upstream::handle(inner, req, client).await;
-                Ok::<_, Infallible>(response.map(|body| Tracked { body, open }))
-            }
-        }
-    });
-    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let mut deadline = Deadline::new(opened + limits.idle);
-    // After GOAWAY the open streams finish, still within the send limit.
-    let mut closing = false;
-    loop {
-        tokio::select! {
-            done = conn.as_mut() => return done,
-            () = shutdown.wait(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
-            }
-            () = deadline.reached(streams.next_check(&limits)) => {
-                match streams.expired(&limits) {
-                    Some(ClientTimeout::Send) => {
-                        metrics.client_timeout(ClientTimeout::Send);
-                        tracing::debug!("HTTP/2 client took no response data within client.send_timeout_ms; closing");
-                        return Ok(());
-                    }
-                    Some(limit) if !closing => {
-                        metrics.client_timeout(limit);
-                        closing = true;
-                        conn.as_mut().graceful_shutdown();
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-}
-
-/// The streams open on an HTTP/2 connection, since when it has had none, and which of them
-/// wait for the client to make room for their data.
-struct OpenStreams {
-    state: parking_lot::Mutex<StreamsState>,
-}
-
-struct StreamsState {
-    open: usize,
-    idle_since: Instant,
-    next_id: u64,
-    /// Streams whose last data frame hyper holds until the client opens its flow-control
-    /// window, each with the time it started waiting.
-    waiting: Vec<(u64, Instant)>,
-}
-
-impl OpenStreams {
-    fn new(opened: Instant) -> Self {
-        Self {
-            state: parking_lot::Mutex::new(StreamsState {
-                open: 0,
-                idle_since: opened,
-                next_id: 0,
-                waiting: Vec::new(),
-            }),
-        }
-    }
-
-    fn open(self: &Arc<Self>) -> StreamOpen {
-        let mut state = self.state.lock();
-        state.open += 1;
-        state.next_id += 1;
-        StreamOpen {
-            streams: self.clone(),
-            id: state.next_id,
-            waiting: false,
-        }
-    }
-
-    /// When to look again: when the connection will have idled for the idle limit (with a
-    /// stream open, an idle limit from now), and at least every half send limit, so a stall
-    /// is found between one and one and a half send limits after it began.
-    fn next_check(&self, limits: &ClientLimits) -> Instant {
-        let state = self.state.lock();
-        let now = Instant::now();
-        let idle_end = if state.open > 0 {
-            now + limits.idle
-        } else {
-            state.idle_since + limits.idle
-        };
-        idle_end.min(now + limits.send / 2)
-    }
-
-    /// The limit the connection has run past, if any.
-    fn expired(&self, limits: &ClientLimits) -> Option<ClientTimeout> {
-        let state = self.state.lock();
-        let now = Instant::now();
-        if state
-            .waiting
-            .iter()
-            .any(|&(_, since)| since + limits.send <= now)
-        {
-            Some(ClientTimeout::Send)
-        } else if state.open == 0 && state.idle_since + limits.idle <= now {
-            Some(ClientTimeout::Idle)
-        } else {
-            None
-        }
-    }
-}
-
-/// One open stream: counted from its request until its response body ends or is dropped.
-struct StreamOpen {
-    streams: Arc<OpenStreams>,
-    id: u64,
-    waiting: bool,
-}
-
-impl StreamOpen {
-    /// Marks the stream as waiting for the client to take its data, or not.
-    fn set_waiting(&mut self, waiting: bool) {
-        if self.waiting == waiting {
-            return;
-        }
-        self.waiting = waiting;
-        let mut state = self.streams.state.lock();
-        if waiting {
-            state.waiting.push((self.id, Instant::now()));
-        } else {
-            state.waiting.retain(|&(id, _)| id != self.id);
-        }
-    }
-}
-
-impl Drop for StreamOpen {
-    fn drop(&mut self) {
-        self.set_waiting(false);
-        let mut state = self.streams.state.lock();
-        state.open -= 1;
-        if state.open == 0 {
-            state.idle_since = Instant::now();
-        }
-    }
-}
-
-/// A response body that keeps its stream counted open while it is sent. hyper polls it for
-/// the next frame only once the client has room for more, so a frame handed over and not
-/// followed by a poll is data the client has not taken.
-struct Tracked<B> {
-    body: B,
-    open: StreamOpen,
-}
-
-impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
-        let this = &mut *self;
-        this.open.set_waiting(false);
-        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
-            if frame.is_data() && !this.body.is_end_stream() {
-                this.open.set_waiting(true);
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
     }
 }
 

@@ -93,13 +93,19 @@ pub enum ClientTimeout {
     Idle,
     /// The client stopped taking a response.
     Send,
+    /// A graceful close (after the idle timeout, on shutdown, after a refusal) that the client
+    /// did not let finish within `client.close_grace_ms`: the connection was dropped. A close
+    /// begun for a limit (`Idle`) is counted as that limit when it begins, and here too when
+    /// it had to be forced.
+    Close,
 }
 
-const CLIENT_TIMEOUTS: [ClientTimeout; 4] = [
+const CLIENT_TIMEOUTS: [ClientTimeout; 5] = [
     ClientTimeout::Header,
     ClientTimeout::Body,
     ClientTimeout::Idle,
     ClientTimeout::Send,
+    ClientTimeout::Close,
 ];
 
 impl ClientTimeout {
@@ -110,6 +116,7 @@ impl ClientTimeout {
             ClientTimeout::Body => "body",
             ClientTimeout::Idle => "idle",
             ClientTimeout::Send => "send",
+            ClientTimeout::Close => "close",
         }
     }
 }
@@ -182,6 +189,10 @@ pub struct ProxyMetrics {
     connections_refused: Arc<Vec<Counter>>,
     /// TLS handshakes that had to wait for a permit.
     tls_handshake_waits: Counter,
+    /// HTTP/2 streams the client cancelled before their response was complete.
+    pub cancelled_streams: Counter,
+    /// HTTP/2 connections closed for cancelling too many streams.
+    cancel_closes: Counter,
 }
 
 /// Metric handles of one backend.
@@ -192,6 +203,8 @@ pub struct BackendMetrics {
     by_status: Arc<Mutex<HashMap<u16, Counter>>>,
     /// The 200 series of `by_status`, kept apart so the common case takes no lock.
     ok: Arc<OnceLock<Counter>>,
+    /// Requests abandoned before the response head: the `status="cancelled"` series.
+    cancelled: Counter,
     /// Request sent → response body finished.
     pub latency: Histogram,
     /// Request sent → first response body byte (response head for an empty body).
@@ -308,8 +321,18 @@ impl ProxyMetrics {
             .collect();
         let tls_handshake_waits =
             r.register_counter(&key("agentrace_tls_handshake_waits_total", vec![]), &META);
+        let cancelled_streams = r.register_counter(
+            &key("agentrace_client_cancelled_streams_total", vec![]),
+            &META,
+        );
+        let cancel_closes = r.register_counter(
+            &key("agentrace_client_cancel_limit_closes_total", vec![]),
+            &META,
+        );
         Self {
             handle,
+            cancelled_streams,
+            cancel_closes,
             decisions: Arc::new(decisions),
             retries: Arc::new(retries),
             overhead,
@@ -351,10 +374,13 @@ impl ProxyMetrics {
                 r.register_counter(&key("agentrace_upstream_errors_total", labels), &META)
             })
             .collect();
+        let mut cancelled = l();
+        cancelled.push(Label::new("status", "cancelled"));
         BackendMetrics {
             recorder: self.recorder.clone(),
             by_status: Arc::default(),
             ok: Arc::default(),
+            cancelled: r.register_counter(&key("agentrace_requests_total", cancelled), &META),
             latency: r.register_histogram(&key("agentrace_upstream_latency_seconds", l()), &META),
             ttfb: r.register_histogram(&key("agentrace_upstream_ttfb_seconds", l()), &META),
             errors: Arc::new(errors),
@@ -433,6 +459,11 @@ impl ProxyMetrics {
         self.tls_handshake_waits.increment(1);
     }
 
+    /// Counts an HTTP/2 connection closed because its client cancelled too many streams.
+    pub fn cancel_limit_close(&self) {
+        self.cancel_closes.increment(1);
+    }
+
     /// Counts a configuration reload attempt.
     pub fn reload(&self, ok: bool) {
         if ok {
@@ -506,6 +537,12 @@ impl BackendMetrics {
         map.entry(code).or_insert_with(register).increment(1);
     }
 
+    /// Counts a request abandoned (its client gone, or its stream reset) while it was on its
+    /// way to the backend or awaiting the response head.
+    pub fn request_cancelled(&self) {
+        self.cancelled.increment(1);
+    }
+
     /// Counts an upstream error.
     pub fn error(&self, kind: ErrorKind) {
         let i = ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
@@ -529,7 +566,7 @@ fn describe(r: &PrometheusRecorder) {
     };
     d(
         "agentrace_requests_total",
-        "Responses by backend (none: refused by the proxy) and status.",
+        "Responses by backend (none: refused by the proxy) and status (cancelled: abandoned by the client before the response head).",
         0,
     );
     d(
@@ -544,7 +581,17 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_client_timeouts_total",
-        "Client connections closed by a [client] limit (header, body, idle, send).",
+        "Client connections closed by a [client] limit (header, body, idle, send; close: dropped when a graceful close did not finish within close_grace_ms).",
+        0,
+    );
+    d(
+        "agentrace_client_cancelled_streams_total",
+        "HTTP/2 streams the client reset (or whose connection it closed) before their response was complete.",
+        0,
+    );
+    d(
+        "agentrace_client_cancel_limit_closes_total",
+        "HTTP/2 connections closed because their client cancelled more streams than client.h2_max_cancelled_streams and client.h2_max_cancelled_share allow.",
         0,
     );
     d(

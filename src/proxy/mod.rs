@@ -14,6 +14,7 @@ pub mod fields;
 pub mod h1;
 pub mod health;
 pub mod ingress;
+pub(crate) mod ingress_h2;
 pub mod listener;
 pub mod metrics;
 pub mod pool;

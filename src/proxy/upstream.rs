@@ -215,11 +215,21 @@ impl Drop for InFlight {
 pin_project! {
     /// An upstream attempt counted in flight on its backend. Fields drop in order, so an
     /// abandoned attempt stops counting before its connection closes: a backend that has seen
-    /// the cancel never finds the proxy still counting the request.
+    /// the cancel never finds the proxy still counting the request. One dropped before the
+    /// response head (the client went away, or reset its stream) is counted as cancelled, so
+    /// `agentrace_requests_total` shows every request a backend was sent.
     struct Counted<F> {
         in_flight: Option<InFlight>,
         #[pin]
         send: F,
+    }
+
+    impl<F> PinnedDrop for Counted<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(in_flight) = this.project().in_flight.take() {
+                in_flight.0.metrics.request_cancelled();
+            }
+        }
     }
 }
 
@@ -399,7 +409,7 @@ async fn read_and_forward(
     }
     let body = first.unwrap_or_else(|| gathered.freeze());
     let req = ClientRequest {
-        headers: WireFields::from_map(&parts.headers),
+        headers: WireFields::from_h2_request(&parts.headers),
         method: parts.method,
         uri: parts.uri,
         body,

@@ -454,6 +454,17 @@ impl TestProxy {
             .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
     }
 
+    /// The value of the counter `series` (its name with labels, as /metrics prints it).
+    pub async fn counter(&self, series: &str) -> u64 {
+        let metrics = self.metrics().await;
+        let prefix = format!("{series} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
+    }
+
     pub fn handle(&self) -> &ProxyHandle {
         self.handle.as_ref().unwrap()
     }
