@@ -233,6 +233,8 @@ pub struct SseEvent {
 pub struct Response {
     /// HTTP status.
     pub status: u16,
+    /// The `Content-Type` value, if the response had one.
+    pub content_type: Option<String>,
     /// De-chunked body bytes.
     pub body: BytesMut,
     /// SSE events found in the body (empty for a JSON response).
@@ -293,6 +295,7 @@ impl Conn {
         let last_byte = reader.last_byte.unwrap_or(first_byte);
         Ok(Response {
             status: reader.status,
+            content_type: reader.content_type,
             reusable: reader.keep_alive && self.buf.is_empty(),
             body: reader.body,
             events: reader.events,
@@ -324,6 +327,7 @@ enum Framing {
 struct ResponseReader {
     framing: Framing,
     status: u16,
+    content_type: Option<String>,
     keep_alive: bool,
     body: BytesMut,
     events: Vec<SseEvent>,
@@ -362,8 +366,11 @@ impl ResponseReader {
                     self.keep_alive = resp.version == Some(1);
                     let mut length = None;
                     let mut chunked = false;
+                    self.content_type = None;
                     for h in resp.headers.iter() {
-                        if h.name.eq_ignore_ascii_case("content-length") {
+                        if h.name.eq_ignore_ascii_case("content-type") {
+                            self.content_type = Some(String::from_utf8_lossy(h.value).into_owned());
+                        } else if h.name.eq_ignore_ascii_case("content-length") {
                             length = std::str::from_utf8(h.value)
                                 .ok()
                                 .and_then(|v| v.trim().parse::<usize>().ok());

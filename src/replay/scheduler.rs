@@ -21,7 +21,7 @@ use crate::dataset::{Conversation, Dataset, RequestBuilder, Salt};
 use crate::shutdown::Shutdown;
 
 /// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnKind {
     /// A complete 200 response.
@@ -38,6 +38,21 @@ pub enum TurnKind {
     Aborted,
     /// Cancelled by shutdown or the duration cap.
     Interrupted,
+}
+
+impl TurnKind {
+    /// The name used in reports (as serialised).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnKind::Ok => "ok",
+            TurnKind::HttpStatus => "http_status",
+            TurnKind::Transport => "transport",
+            TurnKind::BadResponse => "bad_response",
+            TurnKind::Timeout => "timeout",
+            TurnKind::Aborted => "aborted",
+            TurnKind::Interrupted => "interrupted",
+        }
+    }
 }
 
 /// Finish reasons counted as the reference does.
@@ -181,6 +196,8 @@ pub(crate) struct SlotResult {
     pub trajectories: Vec<TrajectoryRecord>,
     /// Send − deadline per sent turn, and whether the turn waited out a recorded delay.
     pub lags_ns: Vec<(i64, bool)>,
+    /// Why turns failed (aborted and interrupted ones left out: their cause is counted once).
+    pub failure_reasons: super::metrics::FailureReasons,
 }
 
 impl Phase {
@@ -263,7 +280,7 @@ pub(crate) async fn run_slot(
 
 enum Outcome {
     Ok {
-        resp: Response,
+        resp: Box<Response>,
         decoded: decode::Decoded,
     },
     Failed {
@@ -374,7 +391,7 @@ async fn run_trajectory(
                 tokio::select! {
                     r = tokio::time::timeout_at(timeout_at, c.exchange(&request, &mut issued_at)) => match r {
                         Ok(Ok(resp)) => match decode::decode(&resp, streaming) {
-                            Ok(decoded) => Outcome::Ok { resp, decoded },
+                            Ok(decoded) => Outcome::Ok { resp: Box::new(resp), decoded },
                             Err(e) => {
                                 let kind = match e {
                                     DecodeError::Status { .. } => TurnKind::HttpStatus,
@@ -546,6 +563,9 @@ async fn run_trajectory(
                 *conn = None;
                 let at_ns = phase.ns(at).max(issued_ns);
                 record.kind = kind;
+                if kind != TurnKind::Interrupted {
+                    out.failure_reasons.add(kind, &message);
+                }
                 record.first_byte_ns = first_byte.map(|t| phase.ns(t));
                 record.complete_ns = at_ns;
                 phase.progress.errors.fetch_add(1, Ordering::Relaxed);
