@@ -49,6 +49,9 @@ pub struct RunFlags {
     /// Turn timeout in seconds.
     #[arg(long)]
     pub turn_timeout: Option<f64>,
+    /// Largest response held for one turn, in bytes; a larger one fails the turn.
+    #[arg(long)]
+    pub max_response_bytes: Option<u64>,
     /// Stop issuing when the window ends.
     #[arg(long)]
     pub stop_issuing_on_first_user_complete: Option<bool>,
@@ -147,6 +150,7 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
     set!(inject_tool_delay, flags.delays);
     set!(time_scale, flags.time_scale);
     set!(turn_timeout_s, flags.turn_timeout);
+    set!(max_response_bytes, flags.max_response_bytes);
     set!(
         stop_issuing_on_first_user_complete,
         flags.stop_issuing_on_first_user_complete

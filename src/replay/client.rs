@@ -6,6 +6,9 @@
 //! request bytes reach the kernel, every event carries the time of the `read` that completed
 //! it, and dropping the exchange future closes the connection (a timed-out turn is cancelled on
 //! the server, not left running).
+//!
+//! A response is held whole until it ends, so its size is capped (`max_response_bytes`): a
+//! server streaming without end fails the turn instead of growing the process without bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +38,12 @@ pub enum ClientError {
     /// The connection closed before the response was complete.
     #[error("connection closed before the response was complete")]
     Truncated,
+    /// The response grew past `max_response_bytes`; the connection is dropped.
+    #[error("response larger than max_response_bytes ({limit} bytes); connection closed")]
+    TooLarge {
+        /// The cap in bytes.
+        limit: usize,
+    },
 }
 
 /// Where requests go.
@@ -96,6 +105,7 @@ pub struct Connector {
     target: Arc<Target>,
     tls: Option<tokio_rustls::TlsConnector>,
     connect_timeout: Duration,
+    max_response_bytes: usize,
     head_prefix: Arc<[u8]>,
 }
 
@@ -108,11 +118,13 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
-    /// A connector; `api_key` goes into every request's `Authorization` header.
+    /// A connector; `api_key` goes into every request's `Authorization` header; a response
+    /// past `max_response_bytes` fails (see [`Conn::exchange`]).
     pub fn new(
         target: Target,
         api_key: Option<&str>,
         connect_timeout: Duration,
+        max_response_bytes: usize,
     ) -> Result<Self, ClientError> {
         let tls = if target.tls {
             let mut roots = rustls::RootCertStore::empty();
@@ -145,6 +157,7 @@ impl Connector {
             target: Arc::new(target),
             tls,
             connect_timeout,
+            max_response_bytes,
             head_prefix: head.into_bytes().into(),
         })
     }
@@ -200,6 +213,7 @@ impl Connector {
             io,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
+            max_response_bytes: self.max_response_bytes,
         })
     }
 }
@@ -209,6 +223,7 @@ pub struct Conn {
     io: Box<dyn Io>,
     buf: BytesMut,
     last_used: Instant,
+    max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for Conn {
@@ -260,6 +275,10 @@ impl Conn {
     /// Sends `request` and reads the whole response. `issued` receives the instant taken
     /// immediately before the write. Dropping the future closes nothing by itself: the
     /// caller drops the `Conn` after a timeout so the server sees the disconnect.
+    ///
+    /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
+    /// bookkeeping of the SSE events found in them, pass `max_response_bytes`; the caller then
+    /// drops the connection, which is mid-response.
     pub async fn exchange(
         &mut self,
         request: &[u8],
@@ -272,6 +291,7 @@ impl Conn {
 
         let mut reader = ResponseReader::default();
         let mut first_byte = None;
+        let mut received = 0usize;
         loop {
             if self.buf.capacity() - self.buf.len() < 8 * 1024 {
                 self.buf.reserve(16 * 1024);
@@ -286,7 +306,15 @@ impl Conn {
                 }
                 return Err(ClientError::Truncated);
             }
-            if reader.feed(&mut self.buf, now)? {
+            received += n;
+            let done = reader.feed(&mut self.buf, now)?;
+            let held = received + reader.events.len() * std::mem::size_of::<SseEvent>();
+            if held > self.max_response_bytes {
+                return Err(ClientError::TooLarge {
+                    limit: self.max_response_bytes,
+                });
+            }
+            if done {
                 break;
             }
         }

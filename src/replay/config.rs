@@ -45,6 +45,13 @@ pub enum LogPrompts {
     Full,
 }
 
+/// Default of `max_response_bytes`: hundreds of times the largest reply of a real agent turn
+/// (a 32 K-token reply streamed token by token is about 8 MiB of SSE).
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Smallest `max_response_bytes` accepted: room for a response head and a short reply.
+pub const MIN_MAX_RESPONSE_BYTES: u64 = 4096;
+
 /// Everything one replay needs; `agentrace replay` flags override the TOML values.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -75,6 +82,10 @@ pub struct ReplayConfig {
     pub turn_timeout_s: f64,
     /// Connecting to the target gives up after this long.
     pub connect_timeout_s: f64,
+    /// A response is held whole until it ends: one larger than this fails its turn
+    /// (`bad_response`) and its connection is dropped, so a server that streams without end
+    /// cannot grow the replayer without bound.
+    pub max_response_bytes: u64,
     /// Stop issuing turns of active trajectories when the performance window ends.
     pub stop_issuing_on_first_user_complete: bool,
     /// Header names that carry the logical conversation id (every one the same value).
@@ -117,6 +128,7 @@ impl Default for ReplayConfig {
             time_scale: 1.0,
             turn_timeout_s: 86_400.0,
             connect_timeout_s: 10.0,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             stop_issuing_on_first_user_complete: false,
             routing_headers: vec!["X-Session-ID".to_string()],
             api_key_env: None,
@@ -224,6 +236,15 @@ impl ReplayConfig {
             return bad(
                 "connect_timeout_s",
                 format!("must be > 0, got {}", self.connect_timeout_s),
+            );
+        }
+        if self.max_response_bytes < MIN_MAX_RESPONSE_BYTES {
+            return bad(
+                "max_response_bytes",
+                format!(
+                    "must be >= {MIN_MAX_RESPONSE_BYTES}, got {}",
+                    self.max_response_bytes
+                ),
             );
         }
         if !(self.max_duration_s.is_finite() && self.max_duration_s >= 0.0) {

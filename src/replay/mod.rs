@@ -182,6 +182,7 @@ pub async fn run(
         target,
         api_key.as_deref(),
         Duration::from_secs_f64(config.connect_timeout_s),
+        usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
     )
     .map_err(|e| ReplayError::Unreachable {
         target: config.target.clone(),

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use super::client::{Conn, Connector, Response};
+use super::client::{ClientError, Conn, Connector, Response};
 use super::config::{LogPrompts, ReplayConfig};
 use super::decode::{self, DecodeError};
 use super::events::{self, EventSink, Prompt, Record, Uuid};
@@ -30,7 +30,8 @@ pub enum TurnKind {
     HttpStatus,
     /// Connect, read or write failed, or the connection closed early.
     Transport,
-    /// The server sent an error event or an unreadable body.
+    /// The server sent an error event, a body that is not what was asked for, or one past
+    /// `max_response_bytes`.
     BadResponse,
     /// `turn_timeout_s` expired; the request was cancelled.
     Timeout,
@@ -400,7 +401,16 @@ async fn run_trajectory(
                                 Outcome::Failed { kind, error_type: "error".into(), message: e.to_string(), at: resp.last_byte, first_byte: Some(resp.first_byte) }
                             }
                         },
-                        Ok(Err(e)) => Outcome::Failed { kind: TurnKind::Transport, error_type: "error".into(), message: e.to_string(), at: Instant::now(), first_byte: None },
+                        Ok(Err(e)) => Outcome::Failed {
+                            kind: match e {
+                                ClientError::TooLarge { .. } => TurnKind::BadResponse,
+                                _ => TurnKind::Transport,
+                            },
+                            error_type: "error".into(),
+                            message: e.to_string(),
+                            at: Instant::now(),
+                            first_byte: None,
+                        },
                         Err(_) => Outcome::Failed {
                             kind: TurnKind::Timeout,
                             error_type: "TurnTimeout".into(),
