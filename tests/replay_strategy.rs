@@ -621,7 +621,8 @@ async fn missing_usage_is_estimated_and_labelled() {
 }
 
 // Bad inputs give clear errors: an unreachable target, an invalid config (field and value
-// named, `max_response_bytes` among them), unknown TOML keys, an invalid routing header name.
+// named, `max_response_bytes` and `dataset_max_line_bytes` among them), unknown TOML keys,
+// an invalid routing header name.
 #[tokio::test]
 async fn bad_inputs_give_errors_that_name_the_problem() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -660,6 +661,12 @@ async fn bad_inputs_give_errors_that_name_the_problem() {
     assert_eq!(
         cfg.validate().unwrap_err().to_string(),
         "max_response_bytes: must be >= 4096, got 100"
+    );
+    cfg.max_response_bytes = 1 << 20;
+    cfg.dataset_max_line_bytes = 10;
+    assert_eq!(
+        cfg.validate().unwrap_err().to_string(),
+        "dataset_max_line_bytes: must be >= 1024, got 10"
     );
 
     let msg = ReplayConfig::from_toml("target = \"http://x\"\nconcurrencyy = 3\n")

@@ -60,6 +60,8 @@ pub struct ReplayConfig {
     pub target: String,
     /// Dataset file; the standard set is generated and used when absent.
     pub dataset: Option<PathBuf>,
+    /// A dataset line longer than this stops the load at once, naming the line.
+    pub dataset_max_line_bytes: u64,
     /// Model preset (`qwen3.6-35b-a3b`, `kimi-k3`) giving sampling parameters and gates.
     pub model: Option<String>,
     /// Overrides the preset's `model` name on the wire.
@@ -117,6 +119,7 @@ impl Default for ReplayConfig {
         Self {
             target: String::new(),
             dataset: None,
+            dataset_max_line_bytes: crate::dataset::lines::DEFAULT_MAX_LINE_BYTES as u64,
             model: None,
             model_name: None,
             model_params: None,
@@ -213,6 +216,12 @@ impl ReplayConfig {
         }
         if self.concurrency == 0 {
             return bad("concurrency", "must be >= 1, got 0".into());
+        }
+        if self.dataset_max_line_bytes < 1024 {
+            return bad(
+                "dataset_max_line_bytes",
+                format!("must be >= 1024, got {}", self.dataset_max_line_bytes),
+            );
         }
         if self.num_trajectories == Some(0) {
             return bad(
