@@ -74,6 +74,13 @@ impl<R: BufRead> Lines<R> {
                     limit: self.max,
                 });
             }
+            let need = self.buf.len() + take;
+            if need > self.buf.capacity() {
+                // Grow by doubling, but never past the limit: a line at the limit holds no
+                // more than the limit.
+                let grown = (self.buf.capacity() * 2).clamp(need, self.max);
+                self.buf.reserve_exact(grown - self.buf.len());
+            }
             self.buf.extend_from_slice(&available[..take]);
             self.inner.consume(take + usize::from(end));
             if end {
