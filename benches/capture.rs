@@ -267,6 +267,8 @@ async fn proxy_run(
         agentrace::capture::RecorderStats {
             records_written: c.exchanges.len() as u64,
             records_dropped: c.dropped,
+            records_lost_write_failed: 0,
+            records_lost_retry_wait: 0,
             write_errors: 0,
             bytes_raw: raw,
             bytes_stored: dir_bytes(dir),

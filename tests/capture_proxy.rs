@@ -299,7 +299,7 @@ async fn kill_9_of_the_proxy_keeps_every_record_flushed_before_it() {
 }
 
 // Unwritable directory: every request is still answered in full, and the proxy's metrics
-// count one capture write error per exchange.
+// count every exchange as a lost record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unwritable_capture_directory_keeps_the_proxy_forwarding() {
     let (stop, shutdown) = agentrace::shutdown::channel();
@@ -332,15 +332,17 @@ async fn unwritable_capture_directory_keeps_the_proxy_forwarding() {
                 .to_vec(),
         )
         .unwrap();
-        if text
+        let lost: f64 = text
             .lines()
-            .any(|l| l.starts_with("agentrace_capture_write_errors_total") && l.ends_with(" 6"))
-        {
+            .filter(|l| l.starts_with("agentrace_capture_records_lost_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if lost == 6.0 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "write errors not counted:\n{text}"
+            "lost records not counted:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -437,10 +437,12 @@ async fn memory_bound_keeps_timings_and_marks_the_record_incomplete() {
     assert_eq!(back[1].request_body.as_deref(), Some(&small.body[..]));
 }
 
-// Unwritable directory: the sink still returns at once, every lost record is a counted write
-// error, and nothing panics; the recorder finishes cleanly.
+// Unwritable directory: the sink still returns at once, every record is counted as lost (the
+// first because opening its segment failed, the rest because they came while the writer
+// waited to retry), the failed attempts are counted as write errors, and nothing panics; the
+// recorder finishes cleanly.
 #[tokio::test]
-async fn unwritable_directory_counts_write_errors_and_never_blocks() {
+async fn unwritable_directory_counts_lost_records_and_never_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let blocker = dir.path().join("file");
     std::fs::write(&blocker, b"not a directory").unwrap();
@@ -451,9 +453,15 @@ async fn unwritable_directory_counts_write_errors_and_never_blocks() {
             &FakeExchange::chat(Some("n"), body, "ok"),
         );
     }
-    wait_for(|| rec.stats().write_errors == 10).await;
+    wait_for(|| {
+        let s = rec.stats();
+        s.records_lost_write_failed + s.records_lost_retry_wait == 10
+    })
+    .await;
     let stats = rec.stats();
     assert_eq!(stats.records_written, 0);
+    assert!(stats.records_lost_write_failed >= 1, "{stats:?}");
+    assert!((1..=10).contains(&stats.write_errors), "{stats:?}");
     rec.finish().await;
 }
 

@@ -328,7 +328,14 @@ fn all_validation_errors_are_reported_with_their_location() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = write_rows(dir.path(), "d.jsonl", &rows);
-    let capped = load(&path, &LoadOptions { max_errors: 2 }).unwrap_err();
+    let capped = load(
+        &path,
+        &LoadOptions {
+            max_errors: 2,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap_err();
     match &capped {
         DatasetError::Invalid { errors, total, .. } => {
             assert_eq!((errors.len(), *total), (2, 5));

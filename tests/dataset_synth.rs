@@ -210,7 +210,13 @@ fn snapshot_conversion_rebuilds_the_last_snapshot() {
         json!({"conversation_id": "sim_000001", "conversation_idx": 0, "messages": full, "tools": tools, "metadata": {}}),
     ];
     let mut out = Vec::new();
-    let summary = convert(std::io::Cursor::new(jsonl(&lines)), &mut out, "mem").unwrap();
+    let summary = convert(
+        std::io::Cursor::new(jsonl(&lines)),
+        &mut out,
+        "mem",
+        1 << 20,
+    )
+    .unwrap();
     assert_eq!(
         (summary.snapshots, summary.conversations, summary.rows),
         (3, 2, 5)

@@ -622,7 +622,8 @@ async fn missing_usage_is_estimated_and_labelled() {
 }
 
 // Bad inputs give clear errors: an unreachable target, an invalid config (field and value
-// named), unknown TOML keys, an invalid routing header name.
+// named, `max_response_bytes` and `dataset_max_line_bytes` among them), unknown TOML keys,
+// an invalid routing header name.
 #[tokio::test]
 async fn bad_inputs_give_errors_that_name_the_problem() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -655,6 +656,18 @@ async fn bad_inputs_give_errors_that_name_the_problem() {
     assert_eq!(
         cfg.validate().unwrap_err().to_string(),
         "turn_timeout_s: must be > 0, got 0"
+    );
+    cfg.turn_timeout_s = 1.0;
+    cfg.max_response_bytes = 100;
+    assert_eq!(
+        cfg.validate().unwrap_err().to_string(),
+        "max_response_bytes: must be >= 4096, got 100"
+    );
+    cfg.max_response_bytes = 1 << 20;
+    cfg.dataset_max_line_bytes = 10;
+    assert_eq!(
+        cfg.validate().unwrap_err().to_string(),
+        "dataset_max_line_bytes: must be >= 1024, got 10"
     );
 
     let msg = ReplayConfig::from_toml("target = \"http://x\"\nconcurrencyy = 3\n")

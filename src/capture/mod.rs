@@ -163,15 +163,20 @@ impl CaptureConfig {
 /// Counters of a running recorder, read by the proxy's metrics endpoint.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RecorderStats {
-    /// Exchanges written to segments.
+    /// Exchanges in segments: counted once the flush holding them succeeded.
     pub records_written: u64,
-    /// Records dropped because the queue was full.
+    /// Records dropped before the writer (queue full, memory bound, shutting down); noted in
+    /// the capture's `dropped` lines.
     pub records_dropped: u64,
-    /// Failed writes (disk full, unwritable directory).
+    /// Records lost because opening, writing or flushing their segment failed.
+    pub records_lost_write_failed: u64,
+    /// Records lost because they arrived while the writer waited to retry after a failure.
+    pub records_lost_retry_wait: u64,
+    /// Failed segment opens, writes, flushes and closes (disk full, unwritable directory).
     pub write_errors: u64,
-    /// Raw bytes seen (request + response bodies).
+    /// Raw body bytes (request + response) of the records written.
     pub bytes_raw: u64,
-    /// Compressed bytes written.
+    /// Compressed bytes of the segments, up to their last successful flush.
     pub bytes_stored: u64,
 }
 
@@ -253,6 +258,8 @@ impl Recorder {
         RecorderStats {
             records_written: c.records_written.load(Ordering::Relaxed),
             records_dropped: c.records_dropped.load(Ordering::Relaxed),
+            records_lost_write_failed: c.records_lost_write_failed.load(Ordering::Relaxed),
+            records_lost_retry_wait: c.records_lost_retry_wait.load(Ordering::Relaxed),
             write_errors: c.write_errors.load(Ordering::Relaxed),
             bytes_raw: c.bytes_raw.load(Ordering::Relaxed),
             bytes_stored: c.bytes_stored.load(Ordering::Relaxed),

@@ -22,6 +22,8 @@ use crate::proxy::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeSta
 pub(crate) struct Counters {
     pub records_written: AtomicU64,
     pub records_dropped: AtomicU64,
+    pub records_lost_write_failed: AtomicU64,
+    pub records_lost_retry_wait: AtomicU64,
     pub write_errors: AtomicU64,
     pub bytes_raw: AtomicU64,
     pub bytes_stored: AtomicU64,

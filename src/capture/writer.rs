@@ -1,6 +1,13 @@
 //! The one writer of a recorder: a dedicated thread (file I/O and compression never run on
 //! the async runtime) that delta-encodes request bodies per session, writes zstd JSONL
 //! segments, flushes every interval, rotates by size and age, and counts every failure.
+//!
+//! A record counts as written only once the flush holding it succeeded. A failed write or
+//! flush (a full disk) cuts the segment back to its last good flush, or removes it when none
+//! succeeded, so what was recorded before stays readable and no empty file is left; the
+//! records in the lost part are counted as lost. The writer then waits, doubling the wait on
+//! each failure, and tries a new segment only when a record arrives after the wait, flushing
+//! at once so a disk still full costs one short-lived file per wait, never one per second.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -52,21 +59,20 @@ pub(crate) fn spawn(
     Ok(WriterHandle { done })
 }
 
-/// Counts the compressed bytes that reach the file.
+/// The longest wait between attempts while writes keep failing (unless the flush interval is
+/// longer).
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(30);
+
+/// Counts the compressed bytes handed to the file.
 struct CountingFile {
     file: File,
     written: u64,
-    shared: Arc<Shared>,
 }
 
 impl Write for CountingFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.written += n as u64;
-        self.shared
-            .counters
-            .bytes_stored
-            .fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
@@ -83,6 +89,22 @@ struct Segment {
     /// Uncompressed bytes given to the encoder since its last flush: counted in full
     /// towards the rotation size, since the compressed size is known only once flushed.
     unflushed: u64,
+    /// File length at the end of the last successful flush: a failure cuts the file back to
+    /// it, so the segment still decodes up to there.
+    durable: u64,
+    /// Exchanges (and their raw body bytes) given to the encoder since the last successful
+    /// flush: counted as written once a flush succeeds, as lost if it fails.
+    pending: u64,
+    pending_raw: u64,
+}
+
+/// Why a record did not reach the disk; the label of `records_lost_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    /// Opening, writing or flushing the segment holding it failed.
+    WriteFailed,
+    /// It arrived while the writer waited after a failure.
+    RetryWait,
 }
 
 /// The previous request body of a session, the base of its next delta.
@@ -100,6 +122,8 @@ struct Writer {
     segment: Option<Segment>,
     /// After a failed open or write, no new segment is tried before this.
     retry_at: Option<Instant>,
+    /// Failures since the last successful flush: sets the wait before the next attempt.
+    failures: u32,
     sessions: HashMap<String, SessionBase>,
     session_bytes: u64,
     uses: u64,
@@ -117,6 +141,7 @@ impl Writer {
             seq: 0,
             segment: None,
             retry_at: None,
+            failures: 0,
             sessions: HashMap::new(),
             session_bytes: 0,
             uses: 0,
@@ -169,6 +194,8 @@ impl Writer {
             dir = %self.config.dir.display(),
             written = c.records_written.load(Ordering::Relaxed),
             dropped = c.records_dropped.load(Ordering::Relaxed),
+            lost = c.records_lost_write_failed.load(Ordering::Relaxed)
+                + c.records_lost_retry_wait.load(Ordering::Relaxed),
             write_errors = c.write_errors.load(Ordering::Relaxed),
             "capture closed"
         );
@@ -177,20 +204,7 @@ impl Writer {
     /// Work due every flush interval: flush, age rotation, drop and error reports.
     fn tick(&mut self, now: Instant) {
         self.report_drops();
-        let flushed = match self.segment.as_mut() {
-            Some(seg) if seg.dirty => match seg.encoder.flush() {
-                Ok(()) => {
-                    seg.dirty = false;
-                    seg.unflushed = 0;
-                    Ok(())
-                }
-                Err(e) => Err(format!("flush {}: {e}", seg.path.display())),
-            },
-            _ => Ok(()),
-        };
-        if let Err(message) = flushed {
-            self.failed(message);
-        }
+        self.flush();
         let age = Duration::from_secs(self.config.rotate_age_s);
         if self
             .segment
@@ -205,35 +219,57 @@ impl Writer {
     fn exchange(&mut self, c: Box<Captured>) {
         let held = c.held;
         let raw = c.request_len as u64 + c.frame_times.iter().map(|f| f.1 as u64).sum::<u64>();
-        if self.ensure_segment() {
-            let record = self.encode(&c);
-            if self.write_line(&Line::Exchange(Box::new(record))) {
-                self.remember(&c);
-                let counters = &self.shared.counters;
-                counters.records_written.fetch_add(1, Ordering::Relaxed);
-                counters.bytes_raw.fetch_add(raw, Ordering::Relaxed);
-                self.rotate_if_full();
-                drop(c);
-                self.shared.release(held);
-                return;
+        let lost = match self.ensure_segment() {
+            Err(reason) => Some(reason),
+            Ok(()) => {
+                let record = self.encode(&c);
+                if self.write_line(&Line::Exchange(Box::new(record))) {
+                    self.remember(&c);
+                    if let Some(seg) = self.segment.as_mut() {
+                        seg.pending += 1;
+                        seg.pending_raw += raw;
+                    }
+                    if self.failures > 0 {
+                        // A retry: learn now whether the disk takes data again, so a file
+                        // that cannot be written does not outlive this call.
+                        self.flush();
+                    } else {
+                        self.rotate_if_full();
+                    }
+                    None
+                } else {
+                    Some(Lost::WriteFailed)
+                }
             }
+        };
+        if let Some(reason) = lost {
+            self.lost(reason, 1);
         }
-        self.shared
-            .counters
-            .write_errors
-            .fetch_add(1, Ordering::Relaxed);
-        self.errors_unlogged += 1;
         drop(c);
         self.shared.release(held);
     }
 
-    /// Opens a segment if none is open and the retry back-off allows; false if none is.
-    fn ensure_segment(&mut self) -> bool {
+    /// Counts records that will never reach the disk.
+    fn lost(&mut self, reason: Lost, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let counters = &self.shared.counters;
+        let counter = match reason {
+            Lost::WriteFailed => &counters.records_lost_write_failed,
+            Lost::RetryWait => &counters.records_lost_retry_wait,
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
+        self.errors_unlogged += n;
+    }
+
+    /// Opens a segment if none is open and the retry wait allows.
+    fn ensure_segment(&mut self) -> Result<(), Lost> {
         if self.segment.is_some() {
-            return true;
+            return Ok(());
         }
         if self.retry_at.is_some_and(|t| Instant::now() < t) {
-            return false;
+            return Err(Lost::RetryWait);
         }
         self.retry_at = None;
         self.seq += 1;
@@ -250,12 +286,14 @@ impl Writer {
         let opened = std::fs::create_dir_all(&self.config.dir)
             .and_then(|()| File::create_new(&path))
             .and_then(|file| {
-                let counting = CountingFile {
-                    file,
-                    written: 0,
-                    shared: self.shared.clone(),
-                };
-                zstd::stream::write::Encoder::new(counting, self.config.zstd_level)
+                let encoder = zstd::stream::write::Encoder::new(
+                    CountingFile { file, written: 0 },
+                    self.config.zstd_level,
+                );
+                if encoder.is_err() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                encoder
             });
         match opened {
             Ok(encoder) => {
@@ -266,6 +304,9 @@ impl Writer {
                     opened: Instant::now(),
                     dirty: false,
                     unflushed: 0,
+                    durable: 0,
+                    pending: 0,
+                    pending_raw: 0,
                 });
                 // Every segment decodes on its own: deltas never reach into a previous one.
                 self.sessions.clear();
@@ -277,11 +318,15 @@ impl Writer {
                     created_unix_ns: now_ns,
                     writer: env!("CARGO_PKG_VERSION").into(),
                 });
-                self.write_line(&header)
+                if self.write_line(&header) {
+                    Ok(())
+                } else {
+                    Err(Lost::WriteFailed)
+                }
             }
             Err(e) => {
                 self.failed(format!("open {}: {e}", path.display()));
-                false
+                Err(Lost::WriteFailed)
             }
         }
     }
@@ -311,15 +356,91 @@ impl Writer {
         }
     }
 
-    /// A failed open, write or flush: count it, remember it for the log, drop the segment
-    /// (what it flushed before stays readable) and back off for one flush interval.
+    /// Flushes the open segment; what it held then counts as written. False if it failed.
+    fn flush(&mut self) -> bool {
+        let Some(mut seg) = self.segment.take() else {
+            return true;
+        };
+        if !seg.dirty {
+            self.segment = Some(seg);
+            return true;
+        }
+        match seg.encoder.flush() {
+            Ok(()) => {
+                seg.dirty = false;
+                seg.unflushed = 0;
+                self.committed(&mut seg);
+                self.segment = Some(seg);
+                true
+            }
+            Err(e) => {
+                let msg = format!("flush {}: {e}", seg.path.display());
+                self.abandon_with(seg, msg);
+                false
+            }
+        }
+    }
+
+    /// `seg`'s data reached the file: count its records and bytes as written.
+    fn committed(&mut self, seg: &mut Segment) {
+        let written = seg.encoder.get_ref().written;
+        let counters = &self.shared.counters;
+        counters
+            .bytes_stored
+            .fetch_add(written - seg.durable, Ordering::Relaxed);
+        counters
+            .records_written
+            .fetch_add(seg.pending, Ordering::Relaxed);
+        counters
+            .bytes_raw
+            .fetch_add(seg.pending_raw, Ordering::Relaxed);
+        seg.durable = written;
+        seg.pending = 0;
+        seg.pending_raw = 0;
+        self.failures = 0;
+    }
+
+    /// A failed open, write, flush or close: count it, log it once, abandon the segment and
+    /// wait before the next attempt (the flush interval, doubled on every failure in a row).
     fn failed(&mut self, message: String) {
         if self.last_error.as_deref() != Some(message.as_str()) {
             tracing::error!(error = %message, "capture write failed; forwarding continues");
             self.last_error = Some(message);
         }
-        self.segment = None;
-        self.retry_at = Some(Instant::now() + self.config.flush_interval());
+        self.shared
+            .counters
+            .write_errors
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(seg) = self.segment.take() {
+            self.abandon(seg);
+        }
+        let interval = self.config.flush_interval();
+        let wait = interval
+            .saturating_mul(1u32 << self.failures.min(16))
+            .min(MAX_RETRY_WAIT.max(interval));
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(Instant::now() + wait);
+    }
+
+    /// `failed` for a segment already taken out of `self.segment`.
+    fn abandon_with(&mut self, seg: Segment, message: String) {
+        self.segment = Some(seg);
+        self.failed(message);
+    }
+
+    /// Cuts a failed segment back to its last good flush (the frame stays readable up to
+    /// there), or removes it when nothing reached it; its unflushed records are lost.
+    fn abandon(&mut self, mut seg: Segment) {
+        self.lost(Lost::WriteFailed, seg.pending);
+        let cut = if seg.durable == 0 {
+            drop(seg.encoder);
+            std::fs::remove_file(&seg.path)
+        } else {
+            seg.encoder.get_mut().file.set_len(seg.durable)
+        };
+        if let Err(e) = cut {
+            tracing::error!(path = %seg.path.display(), error = %e, "capture segment not cut back after a failed write");
+        }
     }
 
     fn log_errors(&mut self) {
@@ -327,7 +448,7 @@ impl Writer {
             tracing::error!(
                 records = self.errors_unlogged,
                 error = self.last_error.as_deref().unwrap_or(""),
-                "capture records not written"
+                "capture records lost"
             );
             self.errors_unlogged = 0;
         }
@@ -345,11 +466,14 @@ impl Writer {
             "capture dropped records (queue full, memory bound or shutting down)"
         );
         self.drops_reported = dropped;
-        if self.ensure_segment() {
+        if self.ensure_segment().is_ok() {
             self.write_line(&Line::Dropped(DroppedRecord {
                 count,
                 at_unix_ns: unix_ns(),
             }));
+            if self.failures > 0 {
+                self.flush();
+            }
         }
     }
 
@@ -365,13 +489,17 @@ impl Writer {
 
     /// Ends the zstd frame and syncs the file.
     fn close_segment(&mut self) {
-        if let Some(seg) = self.segment.take() {
-            let path = seg.path.clone();
-            match seg.encoder.finish() {
-                Ok(counting) => {
-                    let _ = counting.file.sync_data();
-                }
-                Err(e) => self.failed(format!("close {}: {e}", path.display())),
+        let Some(mut seg) = self.segment.take() else {
+            return;
+        };
+        match seg.encoder.do_finish() {
+            Ok(()) => {
+                self.committed(&mut seg);
+                let _ = seg.encoder.get_ref().file.sync_data();
+            }
+            Err(e) => {
+                let msg = format!("close {}: {e}", seg.path.display());
+                self.abandon_with(seg, msg);
             }
         }
     }

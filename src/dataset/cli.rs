@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
+use super::lines::DEFAULT_MAX_LINE_BYTES;
 use super::synth::{SynthOptions, DEFAULT_SEED, STANDARD_SET_PATH};
 use super::{load, DatasetError, LoadOptions};
 
@@ -18,6 +19,9 @@ pub enum DatasetCommand {
         /// Stop listing errors after this many.
         #[arg(long, default_value_t = 100)]
         max_errors: usize,
+        /// A longer line stops the check at once, naming the line.
+        #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
+        max_line_bytes: usize,
     },
     /// Describe a dataset: conversations, turns, delays, prompt sizes, prefix sharing.
     Stats {
@@ -26,6 +30,9 @@ pub enum DatasetCommand {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// A longer line stops the load at once, naming the line.
+        #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
+        max_line_bytes: usize,
     },
     /// Generate the synthetic standard set (490 coding + 500 workflow trajectories).
     Synth {
@@ -50,6 +57,9 @@ pub enum DatasetCommand {
         /// The flat dataset to write (`.zst` compresses).
         #[arg(long)]
         out: PathBuf,
+        /// A longer snapshot line stops the conversion at once, naming the line.
+        #[arg(long, default_value_t = DEFAULT_MAX_LINE_BYTES)]
+        max_line_bytes: usize,
     },
 }
 
@@ -62,8 +72,16 @@ pub async fn run(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
 
 fn run_blocking(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        DatasetCommand::Validate { path, max_errors } => {
-            match load(&path, &LoadOptions { max_errors }) {
+        DatasetCommand::Validate {
+            path,
+            max_errors,
+            max_line_bytes,
+        } => {
+            let opts = LoadOptions {
+                max_errors,
+                max_line_bytes,
+            };
+            match load(&path, &opts) {
                 Ok(ds) => {
                     println!(
                         "{}: valid: {} conversations, {} client turns, sha256 {}",
@@ -74,15 +92,23 @@ fn run_blocking(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
                     );
                     Ok(ExitCode::SUCCESS)
                 }
-                Err(e @ DatasetError::Invalid { .. }) => {
+                Err(e @ (DatasetError::Invalid { .. } | DatasetError::LineTooLong { .. })) => {
                     eprintln!("{e}");
                     Ok(ExitCode::FAILURE)
                 }
                 Err(e) => Err(e.into()),
             }
         }
-        DatasetCommand::Stats { path, json } => {
-            let ds = load(&path, &LoadOptions::default())?;
+        DatasetCommand::Stats {
+            path,
+            json,
+            max_line_bytes,
+        } => {
+            let opts = LoadOptions {
+                max_line_bytes,
+                ..LoadOptions::default()
+            };
+            let ds = load(&path, &opts)?;
             let stats = super::stats::DatasetStats::compute(&ds);
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
@@ -112,8 +138,12 @@ fn run_blocking(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        DatasetCommand::ConvertSnapshot { input, out } => {
-            let summary = super::snapshot::convert_file(&input, &out)?;
+        DatasetCommand::ConvertSnapshot {
+            input,
+            out,
+            max_line_bytes,
+        } => {
+            let summary = super::snapshot::convert_file(&input, &out, max_line_bytes)?;
             println!(
                 "{}: {} conversations, {} rows from {} snapshot lines",
                 out.display(),

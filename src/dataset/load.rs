@@ -1,5 +1,6 @@
-//! Reader and validator: streams the JSONL (plain or zstd), applies every validation rule of
-//! the reference and pre-builds each conversation's history.
+//! Reader and validator: streams the JSONL (plain or zstd) line by line, each line bounded by
+//! `LoadOptions::max_line_bytes`, applies every validation rule of the reference and pre-builds
+//! each conversation's history.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::lines::{LineError, Lines};
 use super::{ClientTurn, Conversation, Dataset, ExpectedReply, HistoryMessage, Role};
 
 /// How loading behaves.
@@ -18,11 +20,16 @@ use super::{ClientTurn, Conversation, Dataset, ExpectedReply, HistoryMessage, Ro
 pub struct LoadOptions {
     /// Stop collecting validation errors after this many (the count of the rest is reported).
     pub max_errors: usize,
+    /// A line longer than this many bytes stops the load at once (see [`super::lines`]).
+    pub max_line_bytes: usize,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { max_errors: 100 }
+        Self {
+            max_errors: 100,
+            max_line_bytes: super::lines::DEFAULT_MAX_LINE_BYTES,
+        }
     }
 }
 
@@ -117,6 +124,16 @@ pub enum DatasetError {
         path: String,
         /// The cause.
         source: std::io::Error,
+    },
+    /// A line is longer than [`LoadOptions::max_line_bytes`]; reading stopped there.
+    #[error("{path}: {}", LineError::TooLong { line: *line, limit: *limit })]
+    LineTooLong {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// The limit in bytes.
+        limit: usize,
     },
     /// The file breaks validation rules; every error found (up to the cap) is listed.
     #[error("{}", format_invalid(path, errors, *total))]
@@ -244,21 +261,25 @@ pub fn load_reader<R: BufRead>(
     opts: &LoadOptions,
 ) -> Result<Vec<Arc<Conversation>>, DatasetError> {
     let mut loader = Loader::new(opts.max_errors);
-    let mut line = Vec::with_capacity(64 * 1024);
-    let mut line_no = 0usize;
+    let mut lines = Lines::new(reader, opts.max_line_bytes);
     loop {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| DatasetError::Io {
-                path: source.to_string(),
-                source: e,
-            })?;
-        if n == 0 {
-            break;
+        match lines.next_line() {
+            Ok(Some((line_no, line))) => loader.push_line(line_no, line),
+            Ok(None) => break,
+            Err(LineError::Io { source: e, .. }) => {
+                return Err(DatasetError::Io {
+                    path: source.to_string(),
+                    source: e,
+                })
+            }
+            Err(LineError::TooLong { line, limit }) => {
+                return Err(DatasetError::LineTooLong {
+                    path: source.to_string(),
+                    line,
+                    limit,
+                })
+            }
         }
-        line_no += 1;
-        loader.push_line(line_no, &line);
     }
     loader.finish(source)
 }

@@ -137,6 +137,7 @@ impl ExpectedReply {
     }
 }
 
+pub mod lines;
 pub mod load;
 pub mod request;
 pub mod salt;

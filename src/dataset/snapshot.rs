@@ -21,19 +21,29 @@ pub struct ConvertSummary {
     pub rows: usize,
 }
 
-/// Converts the snapshot file `input` into a flat dataset at `out` (`.zst` compresses).
-pub fn convert_file(input: &Path, out: &Path) -> anyhow::Result<ConvertSummary> {
+/// Converts the snapshot file `input` into a flat dataset at `out` (`.zst` compresses); a
+/// line longer than `max_line_bytes` stops it.
+pub fn convert_file(
+    input: &Path,
+    out: &Path,
+    max_line_bytes: usize,
+) -> anyhow::Result<ConvertSummary> {
     let reader = super::load::open_lines(input)
         .with_context(|| format!("cannot open {}", input.display()))?;
     let file = File::create(out).with_context(|| format!("cannot create {}", out.display()))?;
     let summary = if super::load::is_zstd(out) {
         let mut enc = zstd::Encoder::new(BufWriter::new(file), 3)?;
-        let s = convert(reader, &mut enc, &input.display().to_string())?;
+        let s = convert(
+            reader,
+            &mut enc,
+            &input.display().to_string(),
+            max_line_bytes,
+        )?;
         enc.finish()?.flush()?;
         s
     } else {
         let mut w = BufWriter::new(file);
-        let s = convert(reader, &mut w, &input.display().to_string())?;
+        let s = convert(reader, &mut w, &input.display().to_string(), max_line_bytes)?;
         w.flush()?;
         s
     };
@@ -46,17 +56,21 @@ pub fn convert<R: BufRead, W: Write>(
     reader: R,
     out: &mut W,
     source: &str,
+    max_line_bytes: usize,
 ) -> anyhow::Result<ConvertSummary> {
     let mut order: Vec<String> = Vec::new();
     let mut last: HashMap<String, (Vec<Value>, Option<Value>)> = HashMap::new();
     let mut snapshots = 0;
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("{source}: line {}", i + 1))?;
-        if line.trim().is_empty() {
+    let mut lines = super::lines::Lines::new(reader, max_line_bytes);
+    while let Some((line_no, line)) = lines
+        .next_line()
+        .map_err(|e| anyhow::anyhow!("{source}: {e}"))?
+    {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        let mut v: Map<String, Value> = serde_json::from_str(&line)
-            .with_context(|| format!("{source}: line {}: not a JSON object", i + 1))?;
+        let mut v: Map<String, Value> = serde_json::from_slice(line)
+            .with_context(|| format!("{source}: line {line_no}: not a JSON object"))?;
         if v.contains_key("_type") {
             continue;
         }
@@ -65,12 +79,12 @@ pub fn convert<R: BufRead, W: Write>(
             Some(Value::String(s)) => s,
             _ => anyhow::bail!(
                 "{source}: line {}: 'conversation_id' must be a string",
-                i + 1
+                line_no
             ),
         };
         let messages = match v.remove("messages") {
             Some(Value::Array(m)) => m,
-            _ => anyhow::bail!("{source}: line {}: 'messages' must be a list", i + 1),
+            _ => anyhow::bail!("{source}: line {line_no}: 'messages' must be a list"),
         };
         let tools = v.remove("tools").filter(|t| !t.is_null());
         if !last.contains_key(&id) {

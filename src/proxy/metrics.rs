@@ -505,6 +505,19 @@ impl ProxyMetrics {
             };
             c("agentrace_capture_records_written_total", s.records_written);
             c("agentrace_capture_records_dropped_total", s.records_dropped);
+            for (reason, v) in [
+                ("write_failed", s.records_lost_write_failed),
+                ("retry_wait", s.records_lost_retry_wait),
+            ] {
+                r.register_counter(
+                    &key(
+                        "agentrace_capture_records_lost_total",
+                        vec![Label::new("reason", reason)],
+                    ),
+                    &META,
+                )
+                .absolute(v);
+            }
             c("agentrace_capture_write_errors_total", s.write_errors);
             c("agentrace_capture_bytes_raw_total", s.bytes_raw);
             c("agentrace_capture_bytes_stored_total", s.bytes_stored);
@@ -672,27 +685,32 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_capture_records_written_total",
-        "Exchanges the recorder wrote.",
+        "Exchanges in capture segments (counted once the flush holding them succeeded).",
         0,
     );
     d(
         "agentrace_capture_records_dropped_total",
-        "Exchanges the recorder dropped (queue full).",
+        "Exchanges the recorder dropped before writing (queue full, memory bound, shutdown).",
+        0,
+    );
+    d(
+        "agentrace_capture_records_lost_total",
+        "Exchanges that never reached the disk, by reason (write_failed, retry_wait).",
         0,
     );
     d(
         "agentrace_capture_write_errors_total",
-        "Failed recorder writes.",
+        "Failed segment opens, writes, flushes and closes.",
         0,
     );
     d(
         "agentrace_capture_bytes_raw_total",
-        "Body bytes the recorder saw.",
+        "Body bytes of the exchanges written.",
         0,
     );
     d(
         "agentrace_capture_bytes_stored_total",
-        "Compressed bytes the recorder wrote.",
+        "Compressed bytes in capture segments, up to their last successful flush.",
         0,
     );
 }

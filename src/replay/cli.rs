@@ -25,6 +25,9 @@ pub struct RunFlags {
     /// Dataset (JSONL, plain or .zst); the standard set when absent.
     #[arg(long)]
     pub dataset: Option<PathBuf>,
+    /// A longer dataset line stops the load at once, naming the line.
+    #[arg(long)]
+    pub dataset_max_line_bytes: Option<u64>,
     /// Model preset (qwen3.6-35b-a3b, kimi-k3).
     #[arg(long)]
     pub model: Option<String>,
@@ -49,6 +52,9 @@ pub struct RunFlags {
     /// Turn timeout in seconds.
     #[arg(long)]
     pub turn_timeout: Option<f64>,
+    /// Largest response held for one turn, in bytes; a larger one fails the turn.
+    #[arg(long)]
+    pub max_response_bytes: Option<u64>,
     /// Stop issuing when the window ends.
     #[arg(long)]
     pub stop_issuing_on_first_user_complete: Option<bool>,
@@ -132,6 +138,7 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
     if flags.dataset.is_some() {
         c.dataset = flags.dataset.clone();
     }
+    set!(dataset_max_line_bytes, flags.dataset_max_line_bytes);
     if flags.model.is_some() {
         c.model = flags.model.clone();
     }
@@ -147,6 +154,7 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
     set!(inject_tool_delay, flags.delays);
     set!(time_scale, flags.time_scale);
     set!(turn_timeout_s, flags.turn_timeout);
+    set!(max_response_bytes, flags.max_response_bytes);
     set!(
         stop_issuing_on_first_user_complete,
         flags.stop_issuing_on_first_user_complete
@@ -173,7 +181,11 @@ fn load_dataset(config: &ReplayConfig) -> anyhow::Result<Arc<Dataset>> {
             crate::dataset::synth::STANDARD_SET_PATH,
         ))?,
     };
-    let ds = crate::dataset::load(&path, &crate::dataset::LoadOptions::default())
+    let opts = crate::dataset::LoadOptions {
+        max_line_bytes: usize::try_from(config.dataset_max_line_bytes).unwrap_or(usize::MAX),
+        ..crate::dataset::LoadOptions::default()
+    };
+    let ds = crate::dataset::load(&path, &opts)
         .with_context(|| format!("cannot load dataset {}", path.display()))?;
     Ok(Arc::new(ds))
 }

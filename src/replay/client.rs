@@ -6,6 +6,9 @@
 //! request bytes reach the kernel, every event carries the time of the `read` that completed
 //! it, and dropping the exchange future closes the connection (a timed-out turn is cancelled on
 //! the server, not left running).
+//!
+//! A response is held whole until it ends, so its size is capped (`max_response_bytes`): a
+//! server streaming without end fails the turn instead of growing the process without bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +43,12 @@ pub enum ClientError {
     /// not taken, so it goes again on a new connection.
     #[error("the server had closed the kept-alive connection")]
     ClosedWhileIdle,
+    /// The response grew past `max_response_bytes`; the connection is dropped.
+    #[error("response larger than max_response_bytes ({limit} bytes); connection closed")]
+    TooLarge {
+        /// The cap in bytes.
+        limit: usize,
+    },
 }
 
 /// Where requests go.
@@ -101,6 +110,7 @@ pub struct Connector {
     target: Arc<Target>,
     tls: Option<tokio_rustls::TlsConnector>,
     connect_timeout: Duration,
+    max_response_bytes: usize,
     head_prefix: Arc<[u8]>,
 }
 
@@ -113,11 +123,13 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
-    /// A connector; `api_key` goes into every request's `Authorization` header.
+    /// A connector; `api_key` goes into every request's `Authorization` header; a response
+    /// past `max_response_bytes` fails (see [`Conn::exchange`]).
     pub fn new(
         target: Target,
         api_key: Option<&str>,
         connect_timeout: Duration,
+        max_response_bytes: usize,
     ) -> Result<Self, ClientError> {
         let tls = if target.tls {
             let mut roots = rustls::RootCertStore::empty();
@@ -150,6 +162,7 @@ impl Connector {
             target: Arc::new(target),
             tls,
             connect_timeout,
+            max_response_bytes,
             head_prefix: head.into_bytes().into(),
         })
     }
@@ -206,6 +219,7 @@ impl Connector {
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
             answered: 0,
+            max_response_bytes: self.max_response_bytes,
         })
     }
 }
@@ -217,6 +231,7 @@ pub struct Conn {
     last_used: Instant,
     /// Responses read whole on this connection.
     answered: u32,
+    max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for Conn {
@@ -241,6 +256,8 @@ pub struct SseEvent {
 pub struct Response {
     /// HTTP status.
     pub status: u16,
+    /// The `Content-Type` value, if the response had one.
+    pub content_type: Option<String>,
     /// De-chunked body bytes.
     pub body: BytesMut,
     /// SSE events found in the body (empty for a JSON response).
@@ -266,6 +283,10 @@ impl Conn {
     /// Sends `request` and reads the whole response. `issued` receives the instant taken
     /// immediately before the write. Dropping the future closes nothing by itself: the
     /// caller drops the `Conn` after a timeout so the server sees the disconnect.
+    ///
+    /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
+    /// bookkeeping of the SSE events found in them, pass `max_response_bytes`; the caller then
+    /// drops the connection, which is mid-response.
     pub async fn exchange(
         &mut self,
         request: &[u8],
@@ -293,6 +314,7 @@ impl Conn {
 
         let mut reader = ResponseReader::default();
         let mut first_byte = None;
+        let mut received = 0usize;
         loop {
             if self.buf.capacity() - self.buf.len() < 8 * 1024 {
                 self.buf.reserve(16 * 1024);
@@ -314,7 +336,15 @@ impl Conn {
                 }
                 return Err(ClientError::Truncated);
             }
-            if reader.feed(&mut self.buf, now)? {
+            received += n;
+            let done = reader.feed(&mut self.buf, now)?;
+            let held = received + reader.events.len() * std::mem::size_of::<SseEvent>();
+            if held > self.max_response_bytes {
+                return Err(ClientError::TooLarge {
+                    limit: self.max_response_bytes,
+                });
+            }
+            if done {
                 break;
             }
         }
@@ -324,6 +354,7 @@ impl Conn {
         let last_byte = reader.last_byte.unwrap_or(first_byte);
         Ok(Response {
             status: reader.status,
+            content_type: reader.content_type,
             reusable: reader.keep_alive && self.buf.is_empty(),
             body: reader.body,
             events: reader.events,
@@ -355,6 +386,7 @@ enum Framing {
 struct ResponseReader {
     framing: Framing,
     status: u16,
+    content_type: Option<String>,
     keep_alive: bool,
     body: BytesMut,
     events: Vec<SseEvent>,
@@ -393,8 +425,11 @@ impl ResponseReader {
                     self.keep_alive = resp.version == Some(1);
                     let mut length = None;
                     let mut chunked = false;
+                    self.content_type = None;
                     for h in resp.headers.iter() {
-                        if h.name.eq_ignore_ascii_case("content-length") {
+                        if h.name.eq_ignore_ascii_case("content-type") {
+                            self.content_type = Some(String::from_utf8_lossy(h.value).into_owned());
+                        } else if h.name.eq_ignore_ascii_case("content-length") {
                             length = std::str::from_utf8(h.value)
                                 .ok()
                                 .and_then(|v| v.trim().parse::<usize>().ok());

@@ -45,6 +45,13 @@ pub enum LogPrompts {
     Full,
 }
 
+/// Default of `max_response_bytes`: hundreds of times the largest reply of a real agent turn
+/// (a 32 K-token reply streamed token by token is about 8 MiB of SSE).
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Smallest `max_response_bytes` accepted: room for a response head and a short reply.
+pub const MIN_MAX_RESPONSE_BYTES: u64 = 4096;
+
 /// Everything one replay needs; `agentrace replay` flags override the TOML values.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +60,8 @@ pub struct ReplayConfig {
     pub target: String,
     /// Dataset file; the standard set is generated and used when absent.
     pub dataset: Option<PathBuf>,
+    /// A dataset line longer than this stops the load at once, naming the line.
+    pub dataset_max_line_bytes: u64,
     /// Model preset (`qwen3.6-35b-a3b`, `kimi-k3`) giving sampling parameters and gates.
     pub model: Option<String>,
     /// Overrides the preset's `model` name on the wire.
@@ -75,6 +84,10 @@ pub struct ReplayConfig {
     pub turn_timeout_s: f64,
     /// Connecting to the target gives up after this long.
     pub connect_timeout_s: f64,
+    /// A response is held whole until it ends: one larger than this fails its turn
+    /// (`bad_response`) and its connection is dropped, so a server that streams without end
+    /// cannot grow the replayer without bound.
+    pub max_response_bytes: u64,
     /// Stop issuing turns of active trajectories when the performance window ends.
     pub stop_issuing_on_first_user_complete: bool,
     /// Header names that carry the logical conversation id (every one the same value).
@@ -106,6 +119,7 @@ impl Default for ReplayConfig {
         Self {
             target: String::new(),
             dataset: None,
+            dataset_max_line_bytes: crate::dataset::lines::DEFAULT_MAX_LINE_BYTES as u64,
             model: None,
             model_name: None,
             model_params: None,
@@ -117,6 +131,7 @@ impl Default for ReplayConfig {
             time_scale: 1.0,
             turn_timeout_s: 86_400.0,
             connect_timeout_s: 10.0,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             stop_issuing_on_first_user_complete: false,
             routing_headers: vec!["X-Session-ID".to_string()],
             api_key_env: None,
@@ -202,6 +217,12 @@ impl ReplayConfig {
         if self.concurrency == 0 {
             return bad("concurrency", "must be >= 1, got 0".into());
         }
+        if self.dataset_max_line_bytes < 1024 {
+            return bad(
+                "dataset_max_line_bytes",
+                format!("must be >= 1024, got {}", self.dataset_max_line_bytes),
+            );
+        }
         if self.num_trajectories == Some(0) {
             return bad(
                 "num_trajectories",
@@ -224,6 +245,15 @@ impl ReplayConfig {
             return bad(
                 "connect_timeout_s",
                 format!("must be > 0, got {}", self.connect_timeout_s),
+            );
+        }
+        if self.max_response_bytes < MIN_MAX_RESPONSE_BYTES {
+            return bad(
+                "max_response_bytes",
+                format!(
+                    "must be >= {MIN_MAX_RESPONSE_BYTES}, got {}",
+                    self.max_response_bytes
+                ),
             );
         }
         if !(self.max_duration_s.is_finite() && self.max_duration_s >= 0.0) {

@@ -1,6 +1,12 @@
 //! Response → model output: SSE chunks (or one JSON body) accumulated exactly as the
 //! reference does, plus the token usage and which event carried the first token. Runs once per
 //! response after its last byte, never per chunk while bytes arrive.
+//!
+//! A 200 is a successful turn only when it is well formed for the kind asked for, so a proxy's
+//! error page or a broken stream cannot pass for model output: a streamed answer must be
+//! `text/event-stream` with at least one `data:` JSON chunk and end with `data: [DONE]` (as
+//! OpenAI, vLLM, SGLang and llama.cpp end every stream; the reference itself does not check);
+//! a non-streamed one must be a chat-completion object with `choices[0].message`.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -182,11 +188,34 @@ pub fn decode(resp: &Response, streaming: bool) -> Result<Decoded, DecodeError> 
             body,
         });
     }
-    if streaming && !resp.events.is_empty() {
+    if streaming {
+        let content_type = resp.content_type.as_deref().unwrap_or("");
+        if !is_event_stream(content_type) {
+            return Err(DecodeError::Malformed(format!(
+                "a stream was asked for, got content-type {content_type:?} ({})",
+                body_start(&resp.body)
+            )));
+        }
         decode_stream(resp)
     } else {
         decode_json(&resp.body)
     }
+}
+
+fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// The first bytes of a body, for an error message.
+fn body_start(body: &[u8]) -> String {
+    if body.is_empty() {
+        return "empty body".into();
+    }
+    let head = String::from_utf8_lossy(&body[..body.len().min(80)]);
+    format!("body starts {:?}", head.trim())
 }
 
 fn sse_data(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
@@ -217,16 +246,28 @@ fn decode_stream(resp: &Response) -> Result<Decoded, DecodeError> {
     let mut finish_reason = None;
     let mut usage = None;
     let mut delta_events = Vec::new();
+    let mut chunks = 0usize;
+    let mut done = false;
     for (i, ev) in resp.events.iter().enumerate() {
         let Some(data) = sse_data(&resp.body[ev.start..ev.end]) else {
             continue;
         };
         let trimmed = data.trim_ascii();
-        if trimmed == b"[DONE]" || trimmed.is_empty() {
+        if trimmed == b"[DONE]" {
+            done = true;
+            break;
+        }
+        if trimmed.is_empty() {
             continue;
+        }
+        if !trimmed.starts_with(b"{") {
+            return Err(DecodeError::Malformed(format!(
+                "SSE event {i}: data is not a JSON object"
+            )));
         }
         let chunk: Chunk = serde_json::from_slice(trimmed)
             .map_err(|e| DecodeError::Malformed(format!("SSE event {i}: {e}")))?;
+        chunks += 1;
         if let Some(err) = chunk.error {
             return Err(DecodeError::Stream(err.get().to_string()));
         }
@@ -261,6 +302,18 @@ fn decode_stream(resp: &Response) -> Result<Decoded, DecodeError> {
             delta_events.push(i);
         }
     }
+    if chunks == 0 {
+        return Err(DecodeError::Malformed(format!(
+            "the stream carried no data: event with a JSON chunk ({} events, {})",
+            resp.events.len(),
+            body_start(&resp.body)
+        )));
+    }
+    if !done {
+        return Err(DecodeError::Malformed(format!(
+            "the stream ended without data: [DONE] after {chunks} chunks"
+        )));
+    }
     let parts = |mut v: Vec<String>| {
         let first = v.remove(0);
         let rest = v.concat();
@@ -290,6 +343,12 @@ fn decode_stream(resp: &Response) -> Result<Decoded, DecodeError> {
 }
 
 fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
+    if !body.trim_ascii_start().starts_with(b"{") {
+        return Err(DecodeError::Malformed(format!(
+            "not a JSON object ({})",
+            body_start(body)
+        )));
+    }
     let chunk: Chunk =
         serde_json::from_slice(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
     if let Some(err) = chunk.error {

@@ -232,6 +232,76 @@ impl Failures {
     }
 }
 
+/// How many failed turns gave one reason (the error message, cut to
+/// [`FailureReasons::MAX_REASON_CHARS`]).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FailureReason {
+    /// The failure kind.
+    pub kind: TurnKind,
+    /// The error message.
+    pub reason: String,
+    /// Turns that failed with it.
+    pub count: u64,
+}
+
+/// Failure reasons with their counts, bounded: past [`FailureReasons::MAX_REASONS`] distinct
+/// reasons, further ones are only counted in `other`.
+#[derive(Debug, Clone, Default)]
+pub struct FailureReasons {
+    counts: BTreeMap<(TurnKind, String), u64>,
+    /// Failures whose reason was not kept.
+    pub other: u64,
+}
+
+impl FailureReasons {
+    /// Distinct reasons kept.
+    pub const MAX_REASONS: usize = 32;
+    /// Longest reason kept, in characters.
+    pub const MAX_REASON_CHARS: usize = 200;
+
+    /// Counts one failure.
+    pub fn add(&mut self, kind: TurnKind, reason: &str) {
+        let reason = match reason.char_indices().nth(Self::MAX_REASON_CHARS) {
+            Some((cut, _)) => format!("{}…", &reason[..cut]),
+            None => reason.to_string(),
+        };
+        self.count((kind, reason), 1);
+    }
+
+    fn count(&mut self, key: (TurnKind, String), n: u64) {
+        if let Some(c) = self.counts.get_mut(&key) {
+            *c += n;
+        } else if self.counts.len() < Self::MAX_REASONS {
+            self.counts.insert(key, n);
+        } else {
+            self.other += n;
+        }
+    }
+
+    /// Adds another set's counts.
+    pub fn merge(&mut self, other: FailureReasons) {
+        self.other += other.other;
+        for (key, n) in other.counts {
+            self.count(key, n);
+        }
+    }
+
+    /// The reasons, most frequent first.
+    pub fn ranked(&self) -> Vec<FailureReason> {
+        let mut out: Vec<FailureReason> = self
+            .counts
+            .iter()
+            .map(|((kind, reason), &count)| FailureReason {
+                kind: *kind,
+                reason: reason.clone(),
+                count,
+            })
+            .collect();
+        out.sort_by_key(|r| std::cmp::Reverse(r.count));
+        out
+    }
+}
+
 /// Turn counts.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct TurnCounts {
@@ -307,6 +377,10 @@ pub struct Metrics {
     pub turns: TurnCounts,
     /// Failures by kind.
     pub failures: Failures,
+    /// Why turns failed, most frequent first (aborted and interrupted turns left out).
+    pub failure_reasons: Vec<FailureReason>,
+    /// Failed turns whose reason was not kept (past the distinct reasons listed).
+    pub failure_reasons_other: u64,
     /// Trajectories started / fully completed.
     pub trajectories_started: u64,
     /// Trajectories whose every turn succeeded.
@@ -331,6 +405,8 @@ pub struct Window<'a> {
     pub concurrency: usize,
     /// Turns issued after STOP.
     pub issued_after_stop: u64,
+    /// Why turns failed.
+    pub failure_reasons: &'a FailureReasons,
 }
 
 /// Computes every metric.
@@ -369,6 +445,8 @@ pub fn compute(w: &Window<'_>) -> Metrics {
     }
     m.turns.tracked_ok = good.len() as u64;
     m.turns.issued_after_stop = w.issued_after_stop;
+    m.failure_reasons = w.failure_reasons.ranked();
+    m.failure_reasons_other = w.failure_reasons.other;
     m.estimated_turns = w
         .turns
         .iter()

@@ -182,6 +182,7 @@ pub async fn run(
         target,
         api_key.as_deref(),
         Duration::from_secs_f64(config.connect_timeout_s),
+        usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
     )
     .map_err(|e| ReplayError::Unreachable {
         target: config.target.clone(),
@@ -293,6 +294,7 @@ pub async fn run(
         stop_ns: Some(stop_ns),
         concurrency: config.concurrency,
         issued_after_stop,
+        failure_reasons: &result.failure_reasons,
     });
     let scores =
         scorer::score_events(&events_path, &dataset).map_err(|e| out_err(&events_path, &e))?;
@@ -379,6 +381,7 @@ async fn run_slots(phase: Arc<Phase>, concurrency: usize) -> SlotResult {
                 all.turns.append(&mut r.turns);
                 all.trajectories.append(&mut r.trajectories);
                 all.lags_ns.append(&mut r.lags_ns);
+                all.failure_reasons.merge(r.failure_reasons);
             }
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => {}

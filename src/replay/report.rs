@@ -301,6 +301,24 @@ pub fn report_text(
         fl.aborted,
         fl.interrupted
     );
+    const SHOWN: usize = 5;
+    for r in m.failure_reasons.iter().take(SHOWN) {
+        let _ = writeln!(o, "  {:>6} {}: {}", r.count, r.kind.as_str(), r.reason);
+    }
+    let more: u64 = m
+        .failure_reasons
+        .iter()
+        .skip(SHOWN)
+        .map(|r| r.count)
+        .sum::<u64>()
+        + m.failure_reasons_other;
+    if more > 0 {
+        let _ = writeln!(
+            o,
+            "  {more:>6} more with other reasons (result_summary.json lists up to {})",
+            super::metrics::FailureReasons::MAX_REASONS
+        );
+    }
     let _ = writeln!(
         o,
         "accuracy      {}{}",

@@ -21,7 +21,7 @@ use crate::dataset::{Conversation, Dataset, RequestBuilder, Salt};
 use crate::shutdown::Shutdown;
 
 /// How a turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnKind {
     /// A complete 200 response.
@@ -30,7 +30,8 @@ pub enum TurnKind {
     HttpStatus,
     /// Connect, read or write failed, or the connection closed early.
     Transport,
-    /// The server sent an error event or an unreadable body.
+    /// The server sent an error event, a body that is not what was asked for, or one past
+    /// `max_response_bytes`.
     BadResponse,
     /// `turn_timeout_s` expired; the request was cancelled.
     Timeout,
@@ -38,6 +39,21 @@ pub enum TurnKind {
     Aborted,
     /// Cancelled by shutdown or the duration cap.
     Interrupted,
+}
+
+impl TurnKind {
+    /// The name used in reports (as serialised).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnKind::Ok => "ok",
+            TurnKind::HttpStatus => "http_status",
+            TurnKind::Transport => "transport",
+            TurnKind::BadResponse => "bad_response",
+            TurnKind::Timeout => "timeout",
+            TurnKind::Aborted => "aborted",
+            TurnKind::Interrupted => "interrupted",
+        }
+    }
 }
 
 /// Finish reasons counted as the reference does.
@@ -181,6 +197,8 @@ pub(crate) struct SlotResult {
     pub trajectories: Vec<TrajectoryRecord>,
     /// Send − deadline per sent turn, and whether the turn waited out a recorded delay.
     pub lags_ns: Vec<(i64, bool)>,
+    /// Why turns failed (aborted and interrupted ones left out: their cause is counted once).
+    pub failure_reasons: super::metrics::FailureReasons,
 }
 
 impl Phase {
@@ -263,7 +281,7 @@ pub(crate) async fn run_slot(
 
 enum Outcome {
     Ok {
-        resp: Response,
+        resp: Box<Response>,
         decoded: decode::Decoded,
     },
     Failed {
@@ -375,7 +393,7 @@ async fn run_trajectory(
                 tokio::select! {
                     r = tokio::time::timeout_at(timeout_at, exchange) => match r {
                         Ok(Ok(resp)) => match decode::decode(&resp, streaming) {
-                            Ok(decoded) => Outcome::Ok { resp, decoded },
+                            Ok(decoded) => Outcome::Ok { resp: Box::new(resp), decoded },
                             Err(e) => {
                                 let kind = match e {
                                     DecodeError::Status { .. } => TurnKind::HttpStatus,
@@ -384,7 +402,16 @@ async fn run_trajectory(
                                 Outcome::Failed { kind, error_type: "error".into(), message: e.to_string(), at: resp.last_byte, first_byte: Some(resp.first_byte) }
                             }
                         },
-                        Ok(Err(e)) => Outcome::Failed { kind: TurnKind::Transport, error_type: "error".into(), message: e.to_string(), at: Instant::now(), first_byte: None },
+                        Ok(Err(e)) => Outcome::Failed {
+                            kind: match e {
+                                ClientError::TooLarge { .. } => TurnKind::BadResponse,
+                                _ => TurnKind::Transport,
+                            },
+                            error_type: "error".into(),
+                            message: e.to_string(),
+                            at: Instant::now(),
+                            first_byte: None,
+                        },
                         Err(_) => Outcome::Failed {
                             kind: TurnKind::Timeout,
                             error_type: "TurnTimeout".into(),
@@ -547,6 +574,9 @@ async fn run_trajectory(
                 *conn = None;
                 let at_ns = phase.ns(at).max(issued_ns);
                 record.kind = kind;
+                if kind != TurnKind::Interrupted {
+                    out.failure_reasons.add(kind, &message);
+                }
                 record.first_byte_ns = first_byte.map(|t| phase.ns(t));
                 record.complete_ns = at_ns;
                 phase.progress.errors.fetch_add(1, Ordering::Relaxed);
