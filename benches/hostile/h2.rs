@@ -173,7 +173,9 @@ struct Resets {
 /// h2c connections opening chat-completion streams in small batches and resetting each
 /// 2-5 ms later.
 pub async fn rapid_reset(ctx: &Ctx, bin: &Path, run: Run) -> Run {
-    let mut s = Session::begin(ctx, bin, run, ctx.backends.fast, "", false).await;
+    // The streaming backend, which keeps generating until the proxy hangs up: as an engine
+    // does, so a reset cancels a request under way rather than one already answered.
+    let mut s = Session::begin(ctx, bin, run, ctx.backends.sse, "", false).await;
     let addr = s.proxy.addr;
     let batch = ctx.args.reset_batch;
     let deadline = Instant::now() + Duration::from_secs_f64(ctx.args.reset_secs);
@@ -195,12 +197,12 @@ pub async fn rapid_reset(ctx: &Ctx, bin: &Path, run: Run) -> Run {
     s.run.num("streams opened and reset", total.sent as f64, "");
     s.run.num(
         "requests that reached the backend",
-        delta.attack_requests as f64,
+        delta.sse_requests as f64,
         "",
     );
     s.run.num(
         "share that reached the backend",
-        100.0 * delta.attack_requests as f64 / total.sent.max(1) as f64,
+        100.0 * delta.sse_requests as f64 / total.sent.max(1) as f64,
         "%",
     );
     s.run.num(
