@@ -76,7 +76,7 @@ for policy in session round_robin; do
         "$bin" proxy --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --policy "$policy" \
             --backend "a=http://$a" --backend "b=http://$b" >"$work/proxy.log" 2>&1 &
         pids+=($!)
-        proxy="$(address_in_log "$work/proxy.log" "addr=")"
+        proxy="$(address_in_log "$work/proxy.log" "agentrace proxy listening on ")"
         out="$work/$policy-$run"
         "$bin" replay --config "$work/replay.toml" --target "http://$proxy" \
             --dataset "$work/workflow.jsonl" --concurrency 4 --delays false --salt false \

@@ -184,14 +184,7 @@ async fn connect_gets_405_and_a_closed_connection() {
 async fn connect_over_http2_gets_405() {
     let backend = TestBackend::spawn("b").await;
     let proxy = start_proxy(config_for(&[&backend])).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_sender(proxy.addr).await;
     let request = http::Request::connect("proxy.test:443")
         .body(http_body_util::Empty::<Bytes>::new())
         .unwrap();

@@ -61,14 +61,7 @@ async fn an_invalid_host_gets_400_and_never_reaches_the_backend() {
 async fn an_http2_request_with_an_invalid_host_gets_400() {
     let backend = TestBackend::spawn("b").await;
     let proxy = start_proxy(config_for(&[&backend])).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_sender(proxy.addr).await;
     let request = |host: &str| {
         http::Request::get(proxy.url("/v1/models"))
             .header("host", host)

@@ -190,14 +190,7 @@ async fn h2_status(send: &mut H2Sender, length: usize) -> http::Response<hyper::
 async fn http2_bodies_held_at_once_stay_within_the_budget() {
     let a = TestBackend::spawn("a").await;
     let proxy = start_proxy(budget_config(&a)).await;
-    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let mut send = h2_sender(proxy.addr).await;
 
     // A large upload, three quarters sent in 16 KiB frames, on one stream of the connection.
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(1);

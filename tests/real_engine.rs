@@ -6,7 +6,8 @@
 //! usage, cached tokens included, even when the next turn follows at once on a connection the
 //! server closes after each stream; session affinity keeps a conversation's prefix cached where
 //! round-robin loses it (more cached tokens, fewer prompt tokens processed); capture → export
-//! → replay sends the captured request bodies again, field by field; a server killed mid-run
+//! → replay sends the captured request bodies again, field by field, and the replayer's TTFT
+//! agrees with the proxy's record of the first content event; a server killed mid-run
 //! costs only the turns it held.
 
 mod support;
@@ -250,6 +251,56 @@ async fn captured_traffic_replays_with_the_same_request_bodies() {
         let b: Value = serde_json::from_slice(b.request_body.as_ref().unwrap()).unwrap();
         assert_eq!(a, b, "turn {i}");
     }
+
+    // The replayer's TTFT agrees with the proxy's record of the same turn: the first content
+    // event's offset from the request's arrival. The difference is the two loopback hops.
+    let events = support::replay::events(&out);
+    let stamps = |kind: &str| -> Vec<u64> {
+        events
+            .iter()
+            .filter(|e| e["event_type"] == kind)
+            .map(|e| e["timestamp_ns"].as_u64().unwrap())
+            .collect()
+    };
+    let (issued, first) = (stamps("sample.issued"), stamps("sample.recv_first"));
+    assert_eq!((issued.len(), first.len()), (6, 6));
+    let mut gaps_us: Vec<i64> = replayed
+        .iter()
+        .zip(issued.iter().zip(&first))
+        .map(|(e, (issued, first))| {
+            let replay_us = ((first - issued) / 1000) as i64;
+            let proxy_us = (first_content_offset_us(e) - e.record.t.received_us) as i64;
+            replay_us - proxy_us
+        })
+        .collect();
+    gaps_us.sort();
+    assert!(
+        gaps_us[gaps_us.len() / 2].abs() <= 1_000,
+        "replay TTFT minus the proxy's, µs per turn: {gaps_us:?}"
+    );
+}
+
+/// When the proxy forwarded a response's first event with content (µs from the exchange's
+/// start), from its recorded body and event offsets.
+fn first_content_offset_us(e: &agentrace::capture::reader::Exchange) -> u64 {
+    let body = String::from_utf8_lossy(e.response_body.as_deref().unwrap()).into_owned();
+    let index = body
+        .split("\n\n")
+        .position(|event| {
+            let Some(json) = event.trim().strip_prefix("data: ") else {
+                return false;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(json) else {
+                return false;
+            };
+            let delta = &v["choices"][0]["delta"];
+            ["content", "reasoning_content"]
+                .iter()
+                .any(|k| delta[k].as_str().is_some_and(|t| !t.is_empty()))
+                || delta["tool_calls"].is_array()
+        })
+        .expect("a content event");
+    e.event_offsets_us()[index]
 }
 
 // One of two servers killed while a replay runs through the proxy: its conversations move to

@@ -578,3 +578,21 @@ pub async fn next_data(body: &mut Incoming) -> Option<Bytes> {
         }
     }
 }
+
+/// An HTTP/2 (prior knowledge) client connection to `addr`, its connection task spawned.
+pub async fn h2_sender<B>(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
