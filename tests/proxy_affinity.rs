@@ -256,16 +256,6 @@ async fn round_robin_policy_scatters_a_session() {
     proxy.shutdown().await;
 }
 
-/// The value of an unlabelled gauge in the Prometheus text.
-fn gauge(metrics: &str, name: &str) -> u64 {
-    let prefix = format!("{name} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
-}
-
 /// A reload that changes `affinity.max_sessions` (and with it how the session table is laid
 /// out) keeps every remembered session: 100 sessions bound away from their plain hash stay
 /// bound and keep reaching the backend they were bound to, and `agentrace_bound_sessions`
@@ -310,8 +300,12 @@ async fn reload_that_changes_max_sessions_keeps_every_bound_session() {
                 assert_eq!(placement(client, proxy, key).await, "b", "{when}: {key}");
             }
             let metrics = proxy.metrics().await;
-            assert_eq!(gauge(&metrics, "agentrace_bound_sessions"), 100, "{when}");
-            assert_eq!(gauge(&metrics, "agentrace_sessions"), 100, "{when}");
+            assert_eq!(
+                series_value(&metrics, "agentrace_bound_sessions"),
+                100,
+                "{when}"
+            );
+            assert_eq!(series_value(&metrics, "agentrace_sessions"), 100, "{when}");
         }
     };
     check("before any reload".into()).await;

@@ -33,21 +33,11 @@ fn budget_config(backend: &TestBackend) -> agentrace::proxy::ProxyConfig {
     config
 }
 
-/// The value of an unlabelled series in the Prometheus text.
-fn series(metrics: &str, name: &str) -> u64 {
-    let prefix = format!("{name} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
-}
-
 /// Waits (up to 10 s) until the proxy holds exactly `bytes` of request bodies.
 async fn wait_held(proxy: &TestProxy, bytes: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let held = series(&proxy.metrics().await, "agentrace_request_body_bytes_held");
+        let held = series_value(&proxy.metrics().await, "agentrace_request_body_bytes_held");
         if held == bytes as u64 {
             return;
         }
@@ -133,8 +123,11 @@ async fn http1_bodies_held_at_once_stay_within_the_budget() {
     assert!(matches!(closed.await, Ok(Ok(0))), "closed after the 503");
     assert_eq!(a.hits(), 0);
     let metrics = proxy.metrics().await;
-    assert_eq!(series(&metrics, "agentrace_body_budget_refusals_total"), 1);
-    assert!(series(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
+    assert_eq!(
+        series_value(&metrics, "agentrace_body_budget_refusals_total"),
+        1
+    );
+    assert!(series_value(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
 
     // A small request is served meanwhile.
     let small = fetch(
@@ -210,8 +203,11 @@ async fn http2_bodies_held_at_once_stay_within_the_budget() {
     assert_eq!(refused.headers()["retry-after"], "1");
     assert_eq!(a.hits(), 0);
     let metrics = proxy.metrics().await;
-    assert_eq!(series(&metrics, "agentrace_body_budget_refusals_total"), 1);
-    assert!(series(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
+    assert_eq!(
+        series_value(&metrics, "agentrace_body_budget_refusals_total"),
+        1
+    );
+    assert!(series_value(&metrics, "agentrace_request_body_bytes_held") <= BUDGET as u64);
 
     // A small request on the same connection is served meanwhile.
     assert_eq!(h2_status(&mut send, 4 * KIB).await.status(), 200);

@@ -456,13 +456,7 @@ impl TestProxy {
 
     /// The value of the counter `series` (its name with labels, as /metrics prints it).
     pub async fn counter(&self, series: &str) -> u64 {
-        let metrics = self.metrics().await;
-        let prefix = format!("{series} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
+        series_value(&self.metrics().await, series)
     }
 
     pub fn handle(&self) -> &ProxyHandle {
@@ -595,4 +589,14 @@ where
     .unwrap();
     tokio::spawn(conn);
     send
+}
+
+/// The value of `series` (a name with its labels, as /metrics prints it) in Prometheus text.
+pub fn series_value(metrics: &str, series: &str) -> u64 {
+    let prefix = format!("{series} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series:?} in /metrics:\n{metrics}"))
 }
