@@ -1,6 +1,7 @@
 //! Captures turned into MLPerf agentic datasets, and the `agentrace capture …` commands: the
 //! public sample survives capture → export row for row, exports honour their filters and
-//! redaction, and the commands print what the files hold.
+//! redaction, the commands print what the files hold, and conversations a salted replay would
+//! refuse (no system prompt) are flagged at export and validation.
 
 mod support;
 
@@ -228,4 +229,48 @@ async fn capture_commands_show_what_the_files_hold() {
         .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/capture-dir"));
+}
+
+// A capture of an agent that sends no system message exports, and both the export and
+// `dataset validate` say that its replay needs `--salt false`; a replay left at the default
+// (salted) refuses it with an error that names the flag.
+#[tokio::test]
+async fn conversations_without_a_system_prompt_are_flagged_for_an_unsalted_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Recorder::start(&config(dir.path())).unwrap();
+    let body = serde_json::to_vec(&serde_json::json!({"model": "m", "stream": true,
+        "messages": [{"role": "user", "content": "list the files"}]}))
+    .unwrap();
+    drive(
+        rec.sink.as_ref(),
+        &FakeExchange::chat(Some("no-system"), body, "done"),
+    );
+    rec.finish().await;
+    let bin = env!("CARGO_BIN_EXE_agentrace");
+    let out = dir.path().join("nosys.jsonl");
+    let export = Command::new(bin)
+        .args(["capture", "export", dir.path().to_str().unwrap(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&export.stdout);
+    assert!(export.status.success(), "{said}");
+    assert!(
+        said.contains("1 conversations have no system prompt") && said.contains("--salt false"),
+        "{said}"
+    );
+    let validate = Command::new(bin)
+        .args(["dataset", "validate"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&validate.stdout);
+    assert!(validate.status.success(), "{said}");
+    assert!(
+        said.contains("valid") && said.contains("--salt false"),
+        "{said}"
+    );
+    let dataset = agentrace::dataset::load(&out, &Default::default()).unwrap();
+    let err = dataset.check_salt_preflight().unwrap_err().to_string();
+    assert!(err.contains("--salt false"), "{err}");
 }

@@ -228,7 +228,7 @@ fn sample_turn_is_salted_exactly_and_history_is_not_mutated() {
     let err = ds.check_salt_preflight().unwrap_err();
     assert_eq!(
         err.to_string(),
-        "agentic_inference.enable_salt requires a system prompt for every conversation; conversation \"nosys\" turn 1 has no system prompt"
+        "agentic_inference.enable_salt requires a system prompt for every conversation; conversation \"nosys\" turn 1 has no system prompt; to replay such a dataset, turn salting off (--salt false, or enable_salt = false)"
     );
 }
 

@@ -687,7 +687,9 @@ async fn bad_inputs_give_errors_that_name_the_problem() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("requires a system prompt") && err.contains("nosys"),
+        err.contains("requires a system prompt")
+            && err.contains("nosys")
+            && err.contains("--salt false"),
         "{err}"
     );
     assert!(

@@ -113,6 +113,14 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
             for (reason, n) in &report.skipped {
                 writeln!(out, "  left out {n}: {reason}")?;
             }
+            if report.without_system_prompt > 0 {
+                writeln!(
+                    out,
+                    "  {} conversations have no system prompt: replay them with --salt false \
+                     (salting, on by default, needs one)",
+                    report.without_system_prompt
+                )?;
+            }
             Ok(())
         }
     };

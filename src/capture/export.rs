@@ -40,6 +40,9 @@ pub struct ExportReport {
     pub exchanges: usize,
     /// Exchanges left out, by reason.
     pub skipped: std::collections::BTreeMap<String, u64>,
+    /// Conversations whose agent sent no system message: a salted replay (the default)
+    /// refuses them, so the export says so.
+    pub without_system_prompt: usize,
     /// Segments that end early.
     pub cuts: Vec<Cut>,
 }
@@ -269,6 +272,9 @@ impl Builder {
                 continue;
             }
             self.report.conversations += 1;
+            if !c.rows.first().is_some_and(|r| r.contains_key("system")) {
+                self.report.without_system_prompt += 1;
+            }
             for (turn, mut row) in c.rows.drain(..).enumerate() {
                 let mut out = Map::new();
                 out.insert("conversation_id".into(), Value::String(c.id.clone()));

@@ -90,6 +90,13 @@ fn run_blocking(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
                         ds.client_turn_count(),
                         ds.sha256
                     );
+                    let unsalted = ds.without_system_prompt().count();
+                    if unsalted > 0 {
+                        println!(
+                            "note: {unsalted} conversations have no system prompt; replay them \
+                             with --salt false (salting, on by default, needs one)"
+                        );
+                    }
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e @ (DatasetError::Invalid { .. } | DatasetError::LineTooLong { .. })) => {

@@ -147,7 +147,7 @@ pub enum DatasetError {
     },
     /// Salting is on but a client turn has no system prompt to salt (the reference's
     /// pre-flight check).
-    #[error("agentic_inference.enable_salt requires a system prompt for every conversation; conversation {conversation_id:?} turn {turn} has no system prompt")]
+    #[error("agentic_inference.enable_salt requires a system prompt for every conversation; conversation {conversation_id:?} turn {turn} has no system prompt; to replay such a dataset, turn salting off (--salt false, or enable_salt = false)")]
     SaltWithoutSystemPrompt {
         /// The conversation.
         conversation_id: String,

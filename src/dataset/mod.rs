@@ -166,16 +166,21 @@ impl Dataset {
     /// The reference's salting pre-flight: with salting on, every client turn's history
     /// must hold a system message, otherwise nothing may be issued.
     pub fn check_salt_preflight(&self) -> Result<(), DatasetError> {
-        for conv in &self.conversations {
-            let has_system = conv.messages.first().map(|m| m.role) == Some(Role::System);
-            if let (false, Some(turn)) = (has_system, conv.client_turns.first()) {
-                return Err(DatasetError::SaltWithoutSystemPrompt {
-                    conversation_id: conv.id.clone(),
-                    turn: turn.turn,
-                });
-            }
+        if let Some(conv) = self.without_system_prompt().next() {
+            return Err(DatasetError::SaltWithoutSystemPrompt {
+                conversation_id: conv.id.clone(),
+                turn: conv.client_turns.first().map_or(0, |t| t.turn),
+            });
         }
         Ok(())
+    }
+
+    /// Conversations with client turns and no system prompt: a salted replay (the default)
+    /// refuses them, so validation and export say so before a replay does.
+    pub fn without_system_prompt(&self) -> impl Iterator<Item = &Arc<Conversation>> {
+        self.conversations.iter().filter(|c| {
+            !c.client_turns.is_empty() && c.messages.first().map(|m| m.role) != Some(Role::System)
+        })
     }
 }
 

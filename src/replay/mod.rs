@@ -23,7 +23,7 @@ use tokio::time::Instant;
 pub use config::{ConfigError, LogPrompts, ReplayConfig};
 pub use metrics::Metrics;
 
-use crate::dataset::{Dataset, RequestBuilder, Role};
+use crate::dataset::{Dataset, RequestBuilder};
 use crate::shutdown::Shutdown;
 use events::{EventSink, EventWriter, Record};
 use scheduler::{Phase, Progress, SlotResult};
@@ -155,15 +155,9 @@ pub async fn run(
         return Err(dataset_err("has no conversations".into()));
     }
     if config.enable_salt {
-        for conv in &dataset.conversations {
-            if conv.messages.first().map(|m| m.role) != Some(Role::System) {
-                let t = conv.client_turns.first().map_or(0, |t| t.turn);
-                return Err(dataset_err(format!(
-                    "enable_salt requires a system prompt for every conversation; conversation {:?} turn {t} has no system prompt",
-                    conv.id
-                )));
-            }
-        }
+        dataset
+            .check_salt_preflight()
+            .map_err(|e| dataset_err(e.to_string()))?;
     }
     let out_err = |path: &Path, e: &dyn std::fmt::Display| ReplayError::Output {
         path: path.display().to_string(),
