@@ -168,8 +168,9 @@ async fn export_filters_redacts_and_sanitises_ids() {
 }
 
 // The commands: `ls` lists each segment, `stats --json` counts sessions, exchanges and bytes,
-// `cat --session` prints that session's records with whole bodies, `export` writes a file;
-// a missing directory is a non-zero exit naming it.
+// `cat --session` prints that session's records with whole bodies (an unknown session is a
+// non-zero exit naming it), `export` writes a file; a missing directory is a non-zero exit
+// naming it.
 #[tokio::test]
 async fn capture_commands_show_what_the_files_hold() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,6 +218,12 @@ async fn capture_commands_show_what_the_files_hold() {
             &body[..]
         );
     }
+    let unknown = Command::new(bin)
+        .args(["capture", "cat", d, "--session", "nosuch"])
+        .output()
+        .unwrap();
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("no exchange of session \"nosuch\""));
     let out = dir.path().join("x.jsonl");
     let msg = run(&["capture", "export", d, "--out", out.to_str().unwrap()]);
     assert!(

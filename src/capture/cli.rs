@@ -304,9 +304,11 @@ pub fn stats(dir: &Path) -> anyhow::Result<CaptureStats> {
 }
 
 fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+    let mut printed = 0u64;
     let cuts = reader::for_each(dir, |_, entry| {
         if let Entry::Exchange(e) = entry {
             if session.is_none() || e.record.session.as_deref() == session {
+                printed += 1;
                 let line = format::Line::Exchange(Box::new(e.expanded()));
                 serde_json::to_writer(&mut *out, &line)
                     .map_err(|e| super::CaptureError::io(dir, e.into()))?;
@@ -318,6 +320,10 @@ fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Resul
     })?;
     for cut in cuts {
         tracing::warn!("{cut}");
+    }
+    // An empty answer to a named session is more likely a typo than a fact worth exit 0.
+    if let (Some(key), 0) = (session, printed) {
+        anyhow::bail!("{}: no exchange of session {key:?}", dir.display());
     }
     Ok(())
 }
