@@ -397,6 +397,18 @@ async fn bad_config_exits_with_code_2() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // An unknown policy is refused with the values there are.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["proxy", "--policy", "sticky"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("possible values: session, round_robin, least_loaded"),
+        "{stderr}"
+    );
 }
 
 struct Child {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use clap::builder::TypedValueParser;
 
 use super::config::{BackendConfig, Policy, ProxyConfig};
 use crate::cli::EXIT_CONFIG;
@@ -25,22 +26,24 @@ pub struct ProxyArgs {
     /// Replaces the file's backends.
     #[arg(long = "backend", value_name = "[NAME=]URL")]
     pub backends: Vec<String>,
-    /// Placement policy (overrides the file).
-    #[arg(long, value_parser = parse_policy)]
+    /// Placement policy (overrides the file): `session` keeps a conversation on the backend
+    /// holding its cache; `round_robin` and `least_loaded` turn affinity off.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(POLICIES).map(|s| parse_policy(&s)))]
     pub policy: Option<Policy>,
     /// Record traffic into this directory (turns `[capture]` on).
     #[arg(long, value_name = "DIR")]
     pub capture: Option<PathBuf>,
 }
 
-fn parse_policy(s: &str) -> Result<Policy, String> {
+/// The `--policy` values, as `[affinity] policy` spells them.
+const POLICIES: [&str; 3] = ["session", "round_robin", "least_loaded"];
+
+/// One of [`POLICIES`] (clap has already refused anything else).
+fn parse_policy(s: &str) -> Policy {
     match s {
-        "session" => Ok(Policy::Session),
-        "round_robin" => Ok(Policy::RoundRobin),
-        "least_loaded" => Ok(Policy::LeastLoaded),
-        other => Err(format!(
-            "expected session, round_robin or least_loaded, got {other:?}"
-        )),
+        "round_robin" => Policy::RoundRobin,
+        "least_loaded" => Policy::LeastLoaded,
+        _ => Policy::Session,
     }
 }
 
