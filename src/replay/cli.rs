@@ -31,13 +31,14 @@ pub struct RunFlags {
     /// Model preset (qwen3.6-35b-a3b, kimi-k3).
     #[arg(long)]
     pub model: Option<String>,
-    /// Model name on the wire (overrides the preset's).
+    /// The `model` sent in every request (overrides the preset's): the name the server
+    /// lists at `/v1/models`.
     #[arg(long)]
     pub model_name: Option<String>,
     /// Trajectory budget (default: one pass over the dataset).
     #[arg(long)]
     pub num_trajectories: Option<u64>,
-    /// Warmup trajectories run before the window and excluded.
+    /// Trajectories run first, to warm the server's caches, and left out of every result.
     #[arg(long)]
     pub warmup: Option<u64>,
     /// Salting on or off.
@@ -49,7 +50,8 @@ pub struct RunFlags {
     /// Multiply delays (2.0 = twice as slow).
     #[arg(long)]
     pub time_scale: Option<f64>,
-    /// Turn timeout in seconds.
+    /// A turn not complete this many seconds after it was sent is cancelled on the server
+    /// and fails; the rest of its trajectory is aborted.
     #[arg(long)]
     pub turn_timeout: Option<f64>,
     /// Largest response held for one turn, in bytes; a larger one fails the turn.
@@ -58,7 +60,16 @@ pub struct RunFlags {
     /// Stop issuing when the window ends.
     #[arg(long)]
     pub stop_issuing_on_first_user_complete: Option<bool>,
-    /// Routing header name (repeatable; replaces the config's list).
+    /// Ask streaming servers for token usage (`stream_options.include_usage`); without it,
+    /// token counts are estimated at 4 characters a token.
+    #[arg(long)]
+    pub include_usage: Option<bool>,
+    /// Wake delayed sends with a kernel high-resolution timer (median schedule lag about
+    /// 0.1 ms instead of 1 ms, for a few system calls per delayed send).
+    #[arg(long)]
+    pub precise_pacing: Option<bool>,
+    /// Header carrying the conversation id on every request, for a router's session affinity
+    /// (repeatable; replaces the config's list).
     #[arg(long = "routing-header")]
     pub routing_headers: Vec<String>,
     /// Environment variable holding the API key.
@@ -73,7 +84,7 @@ pub struct RunFlags {
     /// Cap on the performance phase in seconds.
     #[arg(long)]
     pub max_duration: Option<f64>,
-    /// No live progress line.
+    /// No live progress line on stderr (for logs and CI).
     #[arg(long)]
     pub no_progress: bool,
     /// Exit non-zero when a gate fails.
@@ -159,6 +170,8 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
         stop_issuing_on_first_user_complete,
         flags.stop_issuing_on_first_user_complete
     );
+    set!(include_usage, flags.include_usage);
+    set!(precise_pacing, flags.precise_pacing);
     if !flags.routing_headers.is_empty() {
         c.routing_headers = flags.routing_headers.clone();
     }
@@ -338,4 +351,33 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunFlags,
+    }
+
+    #[test]
+    fn include_usage_and_precise_pacing_flags_override_the_config() {
+        let cli = Cli::parse_from([
+            "replay",
+            "--out",
+            "o",
+            "--include-usage",
+            "false",
+            "--precise-pacing",
+            "false",
+        ]);
+        let defaults = ReplayConfig::default();
+        assert!(defaults.include_usage && defaults.precise_pacing);
+        let c = resolve(&cli.run, None).unwrap();
+        assert!(!c.include_usage && !c.precise_pacing);
+    }
 }
