@@ -310,3 +310,30 @@ async fn cli_exit_codes_name_the_problem() {
     trigger.fire();
     cluster.join().await;
 }
+
+// An unreachable target is named at once, before the standard set would be generated into
+// the working directory, and no output directory is left behind.
+#[test]
+fn an_unreachable_target_is_named_before_any_dataset_is_generated() {
+    let cwd = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .current_dir(cwd.path())
+        .args([
+            "replay",
+            "--no-progress",
+            "--out",
+            "runs/x",
+            "--target",
+            &dead,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("unreachable") && err.contains(&dead), "{err}");
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -227,6 +227,8 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
+    // Before the standard set is generated (seconds, 19 MB) for a target that is not there.
+    super::connect_to_target(&config).await?;
     let dataset = load_dataset(&config)?;
     let (trigger, shutdown) = crate::shutdown::channel();
     tokio::spawn(async move {

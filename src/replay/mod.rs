@@ -139,6 +139,34 @@ pub struct ReplaySummary {
     pub wall_s: f64,
 }
 
+/// The connector for `config.target`, once a connection to it has opened: a replay fails fast
+/// and clearly when nothing listens there, before it generates or loads a dataset.
+pub async fn connect_to_target(config: &ReplayConfig) -> Result<client::Connector, ReplayError> {
+    let target = client::Target::parse(&config.target).map_err(|message| {
+        ReplayError::Config(ConfigError::Invalid {
+            field: "target",
+            message,
+        })
+    })?;
+    let api_key = config.api_key();
+    let unreachable = |message: String| ReplayError::Unreachable {
+        target: config.target.clone(),
+        message,
+    };
+    let connector = client::Connector::new(
+        target,
+        api_key.as_deref(),
+        Duration::from_secs_f64(config.connect_timeout_s),
+        usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
+    )
+    .map_err(|e| unreachable(e.to_string()))?;
+    connector
+        .connect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    Ok(connector)
+}
+
 /// Runs one replay of `dataset` against the configured target and writes `out_dir`.
 pub async fn run(
     config: ReplayConfig,
@@ -159,37 +187,13 @@ pub async fn run(
             .check_salt_preflight()
             .map_err(|e| dataset_err(e.to_string()))?;
     }
+    let connector = connect_to_target(&config).await?;
+    // Only once the target answered: a run that cannot start leaves no directory behind.
     let out_err = |path: &Path, e: &dyn std::fmt::Display| ReplayError::Output {
         path: path.display().to_string(),
         message: e.to_string(),
     };
     std::fs::create_dir_all(out_dir).map_err(|e| out_err(out_dir, &e))?;
-
-    let target = client::Target::parse(&config.target).map_err(|message| {
-        ReplayError::Config(ConfigError::Invalid {
-            field: "target",
-            message,
-        })
-    })?;
-    let api_key = config.api_key();
-    let connector = client::Connector::new(
-        target,
-        api_key.as_deref(),
-        Duration::from_secs_f64(config.connect_timeout_s),
-        usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
-    )
-    .map_err(|e| ReplayError::Unreachable {
-        target: config.target.clone(),
-        message: e.to_string(),
-    })?;
-    // Fail fast and clearly when nothing listens there.
-    connector
-        .connect()
-        .await
-        .map_err(|e| ReplayError::Unreachable {
-            target: config.target.clone(),
-            message: e.to_string(),
-        })?;
 
     let params = config.resolved_model_params();
     let builder = RequestBuilder::new(params, config.include_usage);
