@@ -232,3 +232,95 @@ async fn http2_bodies_held_at_once_stay_within_the_budget() {
     assert_eq!(h2_status(&mut send, BUDGET / 2).await.status(), 200);
     proxy.shutdown().await;
 }
+
+// -------------------------------------------------------------------------------------------
+// Large bodies are held in parts and still arrive whole
+
+/// A chat body of `conversation` padded past `len` bytes with a later tool result, so it is
+/// held in several parts; its fingerprint is the conversation's.
+fn large_chat_body(conversation: &str, len: usize) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_str(&chat_body(conversation, 1)).unwrap();
+    let pad: String = (0..len).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    v["messages"][3]["content"] = serde_json::Value::String(pad);
+    serde_json::to_vec(&v).unwrap()
+}
+
+#[tokio::test]
+async fn large_bodies_reach_the_backend_byte_for_byte_and_keep_their_conversation() {
+    let backends = [
+        TestBackend::spawn("a").await,
+        TestBackend::spawn("b").await,
+        TestBackend::spawn("c").await,
+        TestBackend::spawn("d").await,
+    ];
+    let mut config = config_for(&backends.iter().collect::<Vec<_>>());
+    config.max_request_body_bytes = 8 << 20;
+    let proxy = start_proxy(config).await;
+    let http = client();
+    let mut h2 = h2_sender::<BoxBody<Bytes, BoxError>>(proxy.addr).await;
+    let url = proxy.url("/v1/chat/completions");
+    let check = |status: u16, body: &[u8], sent: &[u8], how: &str| {
+        assert_eq!(status, 200, "{how}");
+        let json: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(json["request_bytes"], sent.len(), "{how}");
+        assert_eq!(json["request_digest"], body_digest(sent), "{how}");
+        json["backend"].as_str().unwrap().to_string()
+    };
+    for conversation in ["c1", "c2", "c3", "c4", "c5", "c6"] {
+        // The first turn, small and in one part, places the conversation.
+        let (status, headers, _) =
+            fetch(&http, "POST", &url, &[], chat_body(conversation, 0)).await;
+        assert_eq!(status, 200);
+        let home = served_by(&headers);
+        let large = large_chat_body(conversation, 3 << 20);
+
+        // HTTP/1.1 with a Content-Length, sent in many writes.
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        stream
+            .write_all(head(large.len()).as_bytes())
+            .await
+            .unwrap();
+        for piece in large.chunks(100_000) {
+            stream.write_all(piece).await.unwrap();
+        }
+        let (status, _, body) = read_response(&mut stream).await;
+        assert_eq!(check(status, &body, &large, "content-length"), home);
+
+        // HTTP/1.1 chunked, through hyper's client.
+        let chunks: Vec<Result<Frame<Bytes>, BoxError>> = large
+            .chunks(70_000)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let req = http::Request::post(&url)
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+                chunks,
+            ))))
+            .unwrap();
+        let chunked =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<BoxBody<Bytes, BoxError>>();
+        let resp = chunked.request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(check(status, &body, &large, "chunked"), home);
+
+        // HTTP/2, in 16 KiB frames.
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = large
+            .chunks(16 * KIB)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let resp = h2
+            .send_request(h2_request(BodyExt::boxed(StreamBody::new(
+                futures_util::stream::iter(frames),
+            ))))
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(check(status, &body, &large, "h2"), home);
+    }
+    // The copies made to fingerprint large bodies were given back.
+    wait_held(&proxy, 0).await;
+    proxy.shutdown().await;
+}

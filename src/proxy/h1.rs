@@ -873,21 +873,6 @@ fn is_field_line(line: &[u8]) -> bool {
             .all(|&b| b == b'\t' || (b >= b' ' && b != 0x7f))
 }
 
-/// Decodes a whole body from `buf` as far as it goes, appending the data to `out`.
-pub fn decode_into(
-    decoder: &mut BodyDecoder,
-    buf: &mut BytesMut,
-    out: &mut BytesMut,
-) -> Result<bool, H1Error> {
-    loop {
-        match decoder.decode(buf, false)? {
-            Decoded::Data(d) => out.extend_from_slice(&d),
-            Decoded::NeedMore => return Ok(false),
-            Decoded::Done => return Ok(true),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

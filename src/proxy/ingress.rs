@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use http::header;
 use http::{Method, StatusCode, Version};
 use http_body::Body as _;
@@ -22,7 +22,8 @@ use tokio::time::{Instant, Sleep};
 
 use super::budget::BodyCharge;
 use super::fields::Fields;
-use super::h1::{self, BodyDecoder, Framing, H1Error, OutFraming, RequestHead};
+use super::h1::{self, BodyDecoder, Decoded, Framing, H1Error, OutFraming, RequestHead};
+use super::held_body::{BodyParts, HeldBody};
 use super::metrics::ClientTimeout;
 use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
 use super::Inner;
@@ -390,67 +391,80 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// Reads the request body whole, within `limit` bytes, counting its bytes in `charge` as
-    /// they arrive.
+    /// they arrive. A body that came with its head stays in the read buffer's memory; a
+    /// longer one is gathered in parts ([`BodyParts`]), and the read buffer stays small.
     async fn read_body(
         &mut self,
         head: &RequestHead,
         limit: u64,
         charge: &mut BodyCharge<'_>,
         deadline: &mut Deadline,
-    ) -> Result<Bytes, BodyError> {
+    ) -> Result<HeldBody, BodyError> {
         let expects_continue = head.version == Version::HTTP_11
             && head
                 .headers
                 .first("expect")
                 .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"));
         match head.framing {
-            Framing::Empty | Framing::UntilClose => Ok(Bytes::new()),
+            Framing::Empty | Framing::UntilClose => Ok(HeldBody::default()),
             Framing::Length(n) => {
                 if n > limit {
                     return Err(BodyError::TooLarge);
                 }
                 let n = n as usize;
-                let arrived = |buf: &BytesMut| buf.len().min(n) as u64;
-                if !charge.try_add(arrived(&self.buf)) {
+                if self.buf.len() >= n {
+                    if !charge.try_add(n as u64) {
+                        return Err(BodyError::OverBudget);
+                    }
+                    let body = self.buf.split_to(n).freeze();
+                    if n > COPY_MAX {
+                        // Whatever follows the body shares its allocation: copied out, the
+                        // next request does not keep the body's memory alive.
+                        self.buf = BytesMut::from(&self.buf[..]);
+                    }
+                    return Ok(HeldBody::from(body));
+                }
+                // A declared length reserves nothing: parts grow as bytes arrive.
+                let mut parts = BodyParts::new(Some(n));
+                if !parts.push_bytes(self.buf.split().freeze(), charge) {
                     return Err(BodyError::OverBudget);
                 }
-                if self.buf.len() < n {
-                    if expects_continue {
-                        self.send_continue(deadline).await?;
-                    }
-                    // The buffer grows as bytes arrive: a declared length reserves nothing.
-                    while self.buf.len() < n {
-                        self.read_body_part(deadline).await?;
-                        if !charge.try_add(arrived(&self.buf) - charge.bytes()) {
-                            return Err(BodyError::OverBudget);
-                        }
-                    }
+                if expects_continue {
+                    self.send_continue(deadline).await?;
                 }
-                let body = self.buf.split_to(n).freeze();
-                if n > COPY_MAX {
-                    // Whatever follows the body shares its allocation: copied out, the next
-                    // request does not keep the body's memory alive once the body is dropped.
-                    self.buf = BytesMut::from(&self.buf[..]);
+                while parts.gathered() < n {
+                    self.read_body_part(deadline).await?;
+                    let take = self.buf.len().min(n - parts.gathered());
+                    if !parts.push(&self.buf[..take], charge) {
+                        return Err(BodyError::OverBudget);
+                    }
+                    self.buf.advance(take);
                 }
-                Ok(body)
+                Ok(parts.finish())
             }
             Framing::Chunked => {
                 if expects_continue && self.buf.is_empty() {
                     self.send_continue(deadline).await?;
                 }
                 let mut decoder = BodyDecoder::new(Framing::Chunked);
-                let mut body = BytesMut::new();
+                let mut parts = BodyParts::new(None);
                 loop {
-                    let done = h1::decode_into(&mut decoder, &mut self.buf, &mut body)
-                        .map_err(BodyError::Malformed)?;
-                    if body.len() as u64 > limit {
-                        return Err(BodyError::TooLarge);
-                    }
-                    if !charge.try_add(body.len() as u64 - charge.bytes()) {
-                        return Err(BodyError::OverBudget);
-                    }
-                    if done {
-                        return Ok(body.freeze());
+                    loop {
+                        match decoder
+                            .decode(&mut self.buf, false)
+                            .map_err(BodyError::Malformed)?
+                        {
+                            Decoded::Data(d) => {
+                                if (parts.gathered() + d.len()) as u64 > limit {
+                                    return Err(BodyError::TooLarge);
+                                }
+                                if !parts.push(&d, charge) {
+                                    return Err(BodyError::OverBudget);
+                                }
+                            }
+                            Decoded::NeedMore => break,
+                            Decoded::Done => return Ok(parts.finish()),
+                        }
                     }
                     self.read_body_part(deadline).await?;
                 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod fields;
 pub mod h1;
 pub mod health;
+pub mod held_body;
 pub mod ingress;
 pub(crate) mod ingress_h2;
 pub mod listener;

@@ -16,7 +16,6 @@ use bytes::{Bytes, BytesMut};
 use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -30,6 +29,7 @@ use tokio_rustls::TlsConnector;
 use super::config::BackendUrl;
 use super::fields::{Fields, Forwarded, WireFields};
 use super::h1::{self, BodyDecoder, Decoded, H1Error};
+use super::held_body::HeldBody;
 use crate::http_body::BoxError;
 
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
@@ -97,7 +97,7 @@ pub struct UpstreamRequest<'a> {
     /// Forwarded headers.
     pub headers: &'a Forwarded,
     /// The whole body.
-    pub body: &'a Bytes,
+    pub body: &'a HeldBody,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
     pub declare_length: bool,
 }
@@ -230,7 +230,7 @@ struct Idle {
 #[derive(Default)]
 struct Slot {
     idle: Vec<Idle>,
-    h2: Option<http2::SendRequest<Full<Bytes>>>,
+    h2: Option<http2::SendRequest<HeldBody>>,
     after_stream: AfterStream,
 }
 
@@ -268,7 +268,7 @@ pub struct WorkerPool {
 
 enum Sender {
     H1 { conn: H1Conn, reused: bool },
-    H2(http2::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<HeldBody>),
 }
 
 impl WorkerPool {
@@ -355,15 +355,12 @@ impl WorkerPool {
             req.headers.pairs(),
             length,
         );
-        let written = if req.body.len() <= COPY_BODY_MAX {
-            conn.out.extend_from_slice(req.body);
-            conn.io.write_all(&conn.out).await
-        } else {
-            write_all_vectored(
-                &mut conn.io,
-                &mut [IoSlice::new(&conn.out), IoSlice::new(req.body)],
-            )
-            .await
+        let written = match req.body.single() {
+            Some(body) if body.len() <= COPY_BODY_MAX => {
+                conn.out.extend_from_slice(body);
+                conn.io.write_all(&conn.out).await
+            }
+            _ => write_head_and_parts(&mut conn.io, &conn.out, req.body).await,
         };
         // A write or flush that fails leaves the request's last bytes unsent (see [`PoolError`]).
         let flushed = match written {
@@ -430,7 +427,7 @@ impl WorkerPool {
 
     async fn send_h2(
         &self,
-        mut send: http2::SendRequest<Full<Bytes>>,
+        mut send: http2::SendRequest<HeldBody>,
         key: &Key,
         backend: &BackendUrl,
         req: &UpstreamRequest<'_>,
@@ -442,7 +439,7 @@ impl WorkerPool {
                 .parse()
                 .map_err(|e| PoolError::Request(format!("bad path: {e}")))?
         };
-        let mut request = Request::new(Full::new(req.body.clone()));
+        let mut request = Request::new(req.body.clone());
         *request.method_mut() = req.method.clone();
         *request.uri_mut() = Uri::builder()
             .scheme(backend.scheme.clone())
@@ -685,6 +682,28 @@ pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
     }
     Ok(())
 }
+
+/// Writes a request head and its body's parts, in vectored writes of at most
+/// [`PARTS_PER_WRITE`] slices (the kernel refuses more than `IOV_MAX`, 1,024).
+async fn write_head_and_parts<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    head: &[u8],
+    body: &HeldBody,
+) -> std::io::Result<()> {
+    let mut slices = Vec::with_capacity(body.parts().len().min(PARTS_PER_WRITE) + 1);
+    slices.push(IoSlice::new(head));
+    for part in body.parts() {
+        if slices.len() == PARTS_PER_WRITE {
+            write_all_vectored(io, &mut slices).await?;
+            slices.clear();
+        }
+        slices.push(IoSlice::new(part));
+    }
+    write_all_vectored(io, &mut slices).await
+}
+
+/// Slices in one vectored write.
+const PARTS_PER_WRITE: usize = 64;
 
 /// A backend's response body, read from its connection as the client takes it.
 pub enum UpstreamBody {

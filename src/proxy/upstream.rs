@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use super::config::UpstreamConfig;
 use super::fields::{self, Fields, Forwarded, WireFields};
 use super::health;
+use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{session_key, Backend};
@@ -361,10 +362,10 @@ async fn read_and_forward(
     // has been forwarded: the end of this function.
     let mut charge = inner.body_budget.charge();
     let mut body = Limited::new(body, limit as usize);
-    // A body of one frame is kept as it came; more are gathered in one buffer, so the frames
-    // (and the HTTP/2 connection's buffers under them) are let go as soon as they are copied.
-    let mut first: Option<Bytes> = None;
-    let mut gathered = BytesMut::new();
+    // Copied into parts as frames arrive, so the frames (and the HTTP/2 connection's buffers
+    // under them) are let go at once.
+    let declared = declared.and_then(|n| usize::try_from(n).ok());
+    let mut gathered = BodyParts::new(declared);
     loop {
         match tokio::time::timeout(inner.client_limits.body, body.frame()).await {
             Ok(None) => break,
@@ -372,17 +373,8 @@ async fn read_and_forward(
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                if !charge.try_add(data.len() as u64) {
+                if !gathered.push(&data, &mut charge) {
                     return over_budget(&inner);
-                }
-                match first.take() {
-                    None if gathered.is_empty() => first = Some(data),
-                    earlier => {
-                        if let Some(earlier) = earlier {
-                            gathered.extend_from_slice(&earlier);
-                        }
-                        gathered.extend_from_slice(&data);
-                    }
                 }
             }
             Ok(Some(Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
@@ -407,7 +399,7 @@ async fn read_and_forward(
             }
         }
     }
-    let body = first.unwrap_or_else(|| gathered.freeze());
+    let body = gathered.finish();
     let req = ClientRequest {
         headers: WireFields::from_h2_request(&parts.headers),
         method: parts.method,
@@ -426,7 +418,7 @@ pub struct ClientRequest {
     /// Header fields as received.
     pub headers: WireFields,
     /// The whole body.
-    pub body: Bytes,
+    pub body: HeldBody,
 }
 
 /// Forwards one whole request: routes it by its session key, sends it with failover before
@@ -451,14 +443,25 @@ pub async fn forward(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let key = session_key(
-        &headers,
-        &pool.affinity.headers,
-        pool.affinity.fingerprint,
-        &method,
-        path_and_query.path(),
-        &body,
-    );
+    let key_of = |body: &[u8]| {
+        session_key(
+            &headers,
+            &pool.affinity.headers,
+            pool.affinity.fingerprint,
+            &method,
+            path_and_query.path(),
+            body,
+        )
+    };
+    let key = match body.single() {
+        Some(one) => key_of(one),
+        // Only a fingerprint needs a body of several parts whole: a copy, counted against the
+        // body budget and dropped once hashed. Without room for it, no fingerprint.
+        None => key_of(&[]).or_else(|| {
+            let mut copy = inner.body_budget.charge();
+            body.contiguous(&mut copy).and_then(|whole| key_of(&whole))
+        }),
+    };
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
     // The recorder keeps the request as the client sent it; the forwarded copy is edited.
     let recorded_headers = inner.sink.as_ref().map(|_| headers.to_map());
@@ -694,8 +697,14 @@ fn exchange_start(
     method: &http::Method,
     request_headers: Option<&HeaderMap>,
     path_and_query: &http::uri::PathAndQuery,
-    body: &Bytes,
+    body: &HeldBody,
 ) -> ExchangeStart {
+    // The recorder keeps the body in one piece; joined only when recording.
+    let request_body = body.single().cloned().unwrap_or_else(|| {
+        let mut joined = BytesMut::with_capacity(body.len());
+        body.parts().for_each(|p| joined.extend_from_slice(p));
+        joined.freeze()
+    });
     ExchangeStart {
         session_key: key.as_ref().map(|k| k.text.clone()),
         key_source,
@@ -706,7 +715,7 @@ fn exchange_start(
         method: method.clone(),
         path_and_query: path_and_query.as_str().to_string(),
         request_headers: request_headers.cloned().unwrap_or_default(),
-        request_body: body.clone(),
+        request_body,
     }
 }
 

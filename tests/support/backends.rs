@@ -291,6 +291,14 @@ fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Respo
         .unwrap()
 }
 
+/// A digest of a request body, for a test to check that the backend got every byte.
+pub fn body_digest(body: &[u8]) -> String {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(body);
+    format!("{:016x}", h.finish())
+}
+
 async fn answer(ctl: Arc<Control>, req: Request<Incoming>) -> Result<Response<TestBody>, BoxError> {
     if req.uri().path() == "/health" {
         ctl.probes.fetch_add(1, Ordering::SeqCst);
@@ -315,6 +323,7 @@ async fn answer(ctl: Arc<Control>, req: Request<Incoming>) -> Result<Response<Te
                 "backend": ctl.name,
                 "path": path,
                 "request_bytes": body.len(),
+                "request_digest": body_digest(&body),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
             });
             let mut r = full(StatusCode::OK, "application/json", json.to_string());

@@ -1,0 +1,255 @@
+//! A request body held until it has been forwarded, as parts of bounded size.
+//!
+//! One growing buffer doubles its capacity and copies itself as a body arrives, so a 60 MiB
+//! body briefly takes 96 MiB and ends in a 64 MiB allocation: memory that the body budget,
+//! which counts bytes, never sees. Parts never move once written: the memory a body holds
+//! is the bytes it has received plus at most one part being filled, and the parts are
+//! written upstream as they are (vectored on HTTP/1.1, one frame each on HTTP/2).
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+
+use super::budget::BodyCharge;
+
+/// The first part's capacity: a whole ordinary chat request.
+const FIRST_PART: usize = 64 * 1024;
+/// The largest part: parts double up to this, so a large body takes few parts.
+const LARGEST_PART: usize = 1024 * 1024;
+
+/// A whole request body as the parts it was received in.
+#[derive(Clone, Debug, Default)]
+pub struct HeldBody {
+    parts: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl HeldBody {
+    /// Bytes in the body.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the body has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> impl ExactSizeIterator<Item = &Bytes> {
+        self.parts.iter()
+    }
+
+    /// The body in one piece when it arrived in one part (the usual case: no copy).
+    pub fn single(&self) -> Option<&Bytes> {
+        match self.parts.len() {
+            0 => Some(&EMPTY),
+            1 => self.parts.front(),
+            _ => None,
+        }
+    }
+
+    /// The body as one slice: borrowed when it is one part, else a copy counted against
+    /// `charge` (None when the budget has no room for the copy).
+    pub fn contiguous(&self, charge: &mut BodyCharge<'_>) -> Option<Cow<'_, [u8]>> {
+        if let Some(one) = self.single() {
+            return Some(Cow::Borrowed(one));
+        }
+        if !charge.try_add(self.len as u64) {
+            return None;
+        }
+        let mut joined = Vec::with_capacity(self.len);
+        for part in &self.parts {
+            joined.extend_from_slice(part);
+        }
+        Some(Cow::Owned(joined))
+    }
+}
+
+impl From<Bytes> for HeldBody {
+    fn from(bytes: Bytes) -> Self {
+        let len = bytes.len();
+        let parts = if len == 0 {
+            VecDeque::new()
+        } else {
+            VecDeque::from([bytes])
+        };
+        Self { parts, len }
+    }
+}
+
+static EMPTY: Bytes = Bytes::new();
+
+/// Sent upstream over HTTP/2 as one data frame per part.
+impl Body for HeldBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let part = self.parts.pop_front();
+        if let Some(p) = &part {
+            self.len -= p.len();
+        }
+        Poll::Ready(part.map(|p| Ok(Frame::data(p))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len as u64)
+    }
+}
+
+/// Gathers a body from reads of any size into parts, counting every byte as it arrives.
+#[derive(Debug, Default)]
+pub struct BodyParts {
+    body: HeldBody,
+    filling: BytesMut,
+    /// Bytes still to come, when the length was declared: no part is made larger than that.
+    remaining: Option<usize>,
+}
+
+impl BodyParts {
+    /// An empty body; `declared` is its `Content-Length`, if it has one.
+    pub fn new(declared: Option<usize>) -> Self {
+        Self {
+            remaining: declared,
+            ..Self::default()
+        }
+    }
+
+    /// Bytes gathered so far.
+    pub fn gathered(&self) -> usize {
+        self.body.len + self.filling.len()
+    }
+
+    /// Copies `data` in after counting it in `charge`; false (nothing copied) when the
+    /// body budget refuses it.
+    pub fn push(&mut self, mut data: &[u8], charge: &mut BodyCharge<'_>) -> bool {
+        if !charge.try_add(data.len() as u64) {
+            return false;
+        }
+        while !data.is_empty() {
+            if self.filling.len() == self.filling.capacity() {
+                self.start_part();
+            }
+            let take = (self.filling.capacity() - self.filling.len()).min(data.len());
+            self.filling.extend_from_slice(&data[..take]);
+            data = &data[take..];
+        }
+        true
+    }
+
+    /// Takes `bytes` as a part of its own, without a copy (bytes already held elsewhere,
+    /// such as the part of a read buffer that follows a request head).
+    pub fn push_bytes(&mut self, bytes: Bytes, charge: &mut BodyCharge<'_>) -> bool {
+        if !charge.try_add(bytes.len() as u64) {
+            return false;
+        }
+        self.seal();
+        self.remaining = self.remaining.map(|r| r.saturating_sub(bytes.len()));
+        self.add_part(bytes);
+        true
+    }
+
+    /// The body, whole.
+    pub fn finish(mut self) -> HeldBody {
+        self.seal();
+        self.body
+    }
+
+    fn start_part(&mut self) {
+        self.seal();
+        let size = FIRST_PART
+            .checked_shl(self.body.parts.len() as u32)
+            .unwrap_or(LARGEST_PART)
+            .min(LARGEST_PART);
+        let size = match self.remaining {
+            Some(r) => size.min(r),
+            None => size,
+        };
+        self.filling = BytesMut::with_capacity(size.max(1));
+    }
+
+    fn seal(&mut self) {
+        if !self.filling.is_empty() {
+            let part = std::mem::take(&mut self.filling).freeze();
+            self.remaining = self.remaining.map(|r| r.saturating_sub(part.len()));
+            self.add_part(part);
+        }
+    }
+
+    fn add_part(&mut self, part: Bytes) {
+        if !part.is_empty() {
+            self.body.len += part.len();
+            self.body.parts.push_back(part);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::budget::BodyBudget;
+    use super::*;
+
+    #[test]
+    fn a_body_holds_its_bytes_in_parts_that_never_grow_past_the_declared_length() {
+        let budget = BodyBudget::new(u64::MAX);
+        let mut charge = budget.charge();
+        let declared = 3 * 1024 * 1024 + 17;
+        let mut parts = BodyParts::new(Some(declared));
+        let data: Vec<u8> = (0..declared).map(|i| (i % 251) as u8).collect();
+        // Reads of an awkward size, as a socket gives them.
+        for read in data.chunks(7_001) {
+            assert!(parts.push(read, &mut charge));
+        }
+        let body = parts.finish();
+        assert_eq!(body.len(), declared);
+        assert_eq!(charge.bytes(), declared as u64);
+        // 64 KiB, doubling to 1 MiB, the last cut to what was declared.
+        let sizes: Vec<usize> = body.parts().map(|p| p.len()).collect();
+        let k = 1024;
+        assert_eq!(
+            sizes,
+            [
+                64 * k,
+                128 * k,
+                256 * k,
+                512 * k,
+                1024 * k,
+                1024 * k,
+                64 * k + 17
+            ]
+        );
+        let joined: Vec<u8> = body.parts().flat_map(|p| p.iter().copied()).collect();
+        assert_eq!(joined, data);
+    }
+
+    #[test]
+    fn a_joined_copy_is_counted_and_refused_without_room() {
+        let budget = BodyBudget::new(4 * LARGEST_PART as u64);
+        let mut charge = budget.charge();
+        let mut parts = BodyParts::new(None);
+        assert!(parts.push(&vec![1; 3 * LARGEST_PART], &mut charge));
+        let body = parts.finish();
+        assert!(body.single().is_none(), "{} parts", body.parts().len());
+        let mut copy = budget.charge();
+        assert!(body.contiguous(&mut copy).is_none(), "no room for a copy");
+        drop(copy);
+
+        let small = HeldBody::from(Bytes::from_static(b"{}"));
+        let mut none = budget.charge();
+        assert_eq!(small.contiguous(&mut none).as_deref(), Some(&b"{}"[..]));
+        assert_eq!(none.bytes(), 0, "one part is borrowed, not copied");
+    }
+}
