@@ -208,6 +208,14 @@ pub struct AffinityConfig {
     pub session_ttl_secs: u64,
     /// At most this many sessions are remembered; the least recently used go first.
     pub max_sessions: usize,
+    /// A new session whose first choice holds more than this multiple of its share of the
+    /// pool's active context starts elsewhere (0 turns the bound off).
+    pub context_factor: f64,
+    /// ... on whichever of its first this-many rendezvous choices holds the least active
+    /// context (1: always the first choice, plain hashing).
+    pub choices: usize,
+    /// A session counts in its backend's active context this long after its last request.
+    pub active_secs: u64,
 }
 
 /// Active checks with hysteresis, and passive ejection.
@@ -340,6 +348,9 @@ impl Default for AffinityConfig {
             load_factor: 1.5,
             session_ttl_secs: 30 * 60,
             max_sessions: 1_000_000,
+            context_factor: 1.1,
+            choices: 3,
+            active_secs: 20,
         }
     }
 }
@@ -524,6 +535,21 @@ impl ProxyConfig {
         }
         if a.max_sessions == 0 {
             return bad("affinity.max_sessions: must be > 0, got 0".into());
+        }
+        if !a.context_factor.is_finite() || (a.context_factor != 0.0 && a.context_factor < 1.0) {
+            return bad(format!(
+                "affinity.context_factor: must be >= 1.0 or 0, got {}",
+                a.context_factor
+            ));
+        }
+        if !(1..=64).contains(&a.choices) {
+            return bad(format!(
+                "affinity.choices: must be 1 to 64, got {}",
+                a.choices
+            ));
+        }
+        if a.active_secs == 0 {
+            return bad("affinity.active_secs: must be > 0, got 0".into());
         }
         Ok(())
     }

@@ -146,10 +146,11 @@ impl ConnectionRefusal {
 }
 
 const SOURCES: [KeySource; 3] = [KeySource::Header, KeySource::Fingerprint, KeySource::None];
-const OUTCOMES: [Outcome; 6] = [
+const OUTCOMES: [Outcome; 7] = [
     Outcome::Hash,
     Outcome::Bound,
     Outcome::Spill,
+    Outcome::Placed,
     Outcome::Failover,
     Outcome::LeastLoaded,
     Outcome::RoundRobin,

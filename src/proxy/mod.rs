@@ -220,6 +220,9 @@ async fn start_inner(
         config.affinity.max_sessions,
         Duration::from_secs(config.affinity.session_ttl_secs),
     );
+    router
+        .sessions
+        .set_active_window(Duration::from_secs(config.affinity.active_secs));
     let grace = Duration::from_secs(config.shutdown_grace_secs);
     let inner = Arc::new(Inner {
         router,
@@ -318,6 +321,9 @@ impl Inner {
             config.affinity.max_sessions,
             Duration::from_secs(config.affinity.session_ttl_secs),
         );
+        self.router
+            .sessions
+            .set_active_window(Duration::from_secs(config.affinity.active_secs));
         *self.client.write() = client;
         *self.worker_pools.write() = worker_pools;
         self.retries

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Placement against the cache-aware routers people deploy: agentrace's default session policy,
+# SMG (cache_aware, consistent_hashing) and the vLLM router (cache_aware, consistent_hash),
+# each in front of its own fresh `agentrace sim` cluster, replaying the same dataset
+# closed-loop. Prints one row per router: prefix-cache hit rate and server TTFT mean/p90 (from
+# the replicas' own counters and histogram, simulated time), client TTFT p50/p90, system_tps,
+# the slowest user's tokens/s, requests per replica and failures.
+#
+#   scripts/bench-routing.sh DATASET [REPLICAS=4] [KV_BLOCKS=5000] [CONCURRENCY=20] [HEADER=1]
+#
+# HEADER=0 replays without any session header (fingerprint vs the peers' prefix trees).
+# ROUTERS="agentrace:session smg:cache_aware ..." picks the rows. The peers are installed from
+# PyPI into a virtualenv at ${XDG_CACHE_HOME:-~/.cache}/agentrace/bench-venv when missing.
+# AGENTRACE=path/to/agentrace picks the binary (default: target/release/agentrace, built).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dataset="${1:?usage: scripts/bench-routing.sh DATASET [REPLICAS] [KV_BLOCKS] [CONCURRENCY] [HEADER]}"
+replicas="${2:-4}"
+blocks="${3:-5000}"
+conc="${4:-20}"
+header="${5:-1}"
+routers="${ROUTERS:-agentrace:session agentrace:round_robin smg:cache_aware smg:consistent_hashing vllm:cache_aware vllm:consistent_hash}"
+venv="${XDG_CACHE_HOME:-$HOME/.cache}/agentrace/bench-venv"
+if [ ! -x "$venv/bin/smg" ] || [ ! -x "$venv/bin/vllm-router" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet smg vllm-router
+fi
+bin="${AGENTRACE:-target/release/agentrace}"
+if [ -z "${AGENTRACE:-}" ]; then
+    cargo build --release --quiet --bin agentrace
+fi
+work="$(mktemp -d)"
+pids=()
+stop_all() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_http() {
+    for _ in $(seq 600); do
+        curl -fs -o /dev/null "$1" && return
+        sleep 0.1
+    done
+    echo "bench-routing.sh: $1 never answered" >&2
+    exit 1
+}
+
+echo "# $(basename "$dataset"), $replicas replicas x $blocks KV blocks, concurrency $conc, session header: $header; $(uptime)"
+printf '%-28s %6s %9s %9s %9s %9s %9s %9s  %-24s %s\n' router hit ttft_mean ttft_p90 cli_p50 cli_p90 sys_tps slow_tps per_replica failures
+for router in $routers; do
+    kind="${router%%:*}"
+    policy="${router#*:}"
+    "$bin" --log-format json sim --replicas "$replicas" --listen 127.0.0.1:0 --time-scale 0.02 \
+        --num-gpu-blocks "$blocks" >"$work/sim.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 600); do
+        [ "$(grep -c '"addr"' "$work/sim.log" || true)" -ge "$replicas" ] && break
+        sleep 0.1
+    done
+    mapfile -t addrs < <(grep -o '"addr":"[^"]*"' "$work/sim.log" | cut -d'"' -f4)
+    urls=()
+    for a in "${addrs[@]}"; do urls+=("http://$a"); done
+    model="$(curl -fs "${urls[0]}/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')"
+    port="$(free_port)"
+    case "$kind" in
+        agentrace)
+            backends=()
+            for u in "${urls[@]}"; do backends+=(--backend "$u"); done
+            "$bin" proxy --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --policy "$policy" \
+                "${backends[@]}" >"$work/router.log" 2>&1 &
+            ;;
+        smg)
+            "$venv/bin/smg" launch --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
+                --policy "$policy" --disable-tokenizer-autoload \
+                --prometheus-port "$(free_port)" >"$work/router.log" 2>&1 &
+            ;;
+        vllm)
+            "$venv/bin/vllm-router" --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
+                --policy "$policy" >"$work/router.log" 2>&1 &
+            ;;
+    esac
+    pids+=($!)
+    wait_http "http://127.0.0.1:$port/v1/models"
+    out="$work/$kind-$policy"
+    routing=()
+    [ "$header" = 1 ] && routing=(--routing-header x-session-id)
+    status=0
+    "$bin" replay --target "http://127.0.0.1:$port" --dataset "$dataset" --model-name "$model" \
+        --concurrency "$conc" --delays false --time-scale 0.02 "${routing[@]}" --no-progress \
+        --out "$out" >"$work/replay.log" 2>&1 || { status=$?; tail -3 "$work/replay.log" >&2; }
+    for u in "${urls[@]}"; do curl -fs "$u/metrics"; echo "# end"; done >"$work/metrics.txt"
+    python3 - "$out/result_summary.json" "$work/metrics.txt" "$kind:$policy" "$status" <<'PY'
+import json, re, sys
+summary, metrics, name, status = sys.argv[1:]
+hits = queries = 0.0
+per, buckets, tsum, tcount = [], {}, 0.0, 0.0
+for block in open(metrics).read().split("# end"):
+    n = 0.0
+    for line in block.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, value = line.rsplit(" ", 1)
+        v = float(value)
+        if key.startswith("vllm:prefix_cache_hits_total"): hits += v
+        elif key.startswith("vllm:prefix_cache_queries_total"): queries += v
+        elif key.startswith("vllm:request_success_total"): n += v
+        elif key.startswith("vllm:time_to_first_token_seconds_sum"): tsum += v
+        elif key.startswith("vllm:time_to_first_token_seconds_count"): tcount += v
+        elif key.startswith("vllm:time_to_first_token_seconds_bucket"):
+            le = re.search(r'le="([^"]+)"', key).group(1)
+            buckets[le] = buckets.get(le, 0.0) + v
+    if block.strip():
+        per.append(int(n))
+p90 = float("nan")
+for le, c in sorted(((float(k), c) for k, c in buckets.items())):
+    if tcount and c >= 0.9 * tcount:
+        p90 = le
+        break
+try:
+    s = json.load(open(summary))
+    t = s["ttft"]["percentiles"]
+    cli = (t["50.0"] / 1e6, t["90.0"] / 1e6)
+    m = s["metrics"]
+    tps = m["system_tps"]
+    slow = m["per_user"]["tokens_per_s"]["min"]
+    failures = s["n_samples_failed"]
+except Exception as e:
+    cli, tps, slow, failures = (float("nan"),) * 2, float("nan"), float("nan"), f"replay exit {status}: {e}"
+print(f"{name:<28} {hits / max(queries, 1):6.3f} {1000 * tsum / max(tcount, 1):7.0f}ms {1000 * p90:7.0f}ms "
+      f"{cli[0]:7.0f}ms {cli[1]:7.0f}ms {tps:9.1f} {slow:9.1f}  {'/'.join(map(str, per)):<24} {failures}")
+PY
+    stop_all
+done

@@ -1,0 +1,145 @@
+//! The session key of a request, and what its body says about the turn it carries.
+
+use std::borrow::Cow;
+
+use http::{HeaderName, Method};
+
+use super::hash::{avalanche, hash64};
+use crate::proxy::fields::Fields;
+use crate::proxy::tap::KeySource;
+
+/// A request's session key with its precomputed hash.
+#[derive(Debug, Clone)]
+pub struct SessionKey {
+    /// The key as shown in the admin API (a header value, or `fp:` + 16 hex digits).
+    pub text: String,
+    /// `hash64(0, text)`: the input of every rendezvous score.
+    pub hash: u64,
+    /// Where the key came from.
+    pub source: KeySource,
+    /// What the request's body says about the turn; not part of the key's identity.
+    pub turn: Turn,
+}
+
+/// What a request tells the router about its place in the conversation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Turn {
+    /// Body bytes: the context the backend will hold for the session after this turn, in the
+    /// unit the router balances (about four bytes a token for chat JSON).
+    pub context_bytes: u64,
+    /// The conversation already has an assistant message: an earlier turn went somewhere, so
+    /// its cache is there and the turn must not be placed afresh.
+    pub continues: bool,
+}
+
+impl Turn {
+    /// The turn a request body carries.
+    pub fn of_body(body: &[u8]) -> Self {
+        Self {
+            context_bytes: body.len() as u64,
+            // Only a JSON string that is exactly `assistant` has both quotes unescaped.
+            continues: memchr::memmem::find(body, b"\"assistant\"").is_some(),
+        }
+    }
+}
+
+/// Two keys are the same session when their text and source agree, whatever turn they carry.
+impl PartialEq for SessionKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text && self.source == other.source
+    }
+}
+
+impl Eq for SessionKey {}
+
+impl SessionKey {
+    /// A key from its text (hash computed here), for a first turn of unknown size.
+    pub fn new(text: String, source: KeySource) -> Self {
+        let hash = hash64(0, text.as_bytes());
+        Self {
+            text,
+            hash,
+            source,
+            turn: Turn::default(),
+        }
+    }
+
+    /// The same key carrying `turn`.
+    pub fn with_turn(mut self, turn: Turn) -> Self {
+        self.turn = turn;
+        self
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ChatHead<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    messages: Vec<ChatMessage<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChatMessage<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The session key of a request: the first configured header present and non-empty, else
+/// (when enabled) the conversation fingerprint of a `POST …/chat/completions` body.
+pub fn session_key(
+    headers: &impl Fields,
+    names: &[HeaderName],
+    fingerprint: bool,
+    method: &Method,
+    path: &str,
+    body: &[u8],
+) -> Option<SessionKey> {
+    for name in names {
+        if let Some(bytes) = headers.first(name.as_str()) {
+            if !bytes.is_empty() {
+                let text = String::from_utf8_lossy(bytes).into_owned();
+                let key = SessionKey::new(text, KeySource::Header);
+                return Some(key.with_turn(Turn::of_body(body)));
+            }
+        }
+    }
+    if fingerprint && method == Method::POST && path.ends_with("/chat/completions") {
+        return conversation_fingerprint(body).map(|fp| {
+            SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint)
+                .with_turn(Turn::of_body(body))
+        });
+    }
+    None
+}
+
+/// Hash of the model, the first system message and the first user message of a chat body:
+/// the part of a conversation that every later turn repeats verbatim. Contents are hashed as
+/// raw JSON text, so a client must serialise them the same way on every turn (they do).
+pub fn conversation_fingerprint(body: &[u8]) -> Option<u64> {
+    let head: ChatHead<'_> = serde_json::from_slice(body).ok()?;
+    let mut system = None;
+    let mut user = None;
+    for m in &head.messages {
+        match m.role.as_deref() {
+            Some("system") | Some("developer") if system.is_none() => system = m.content,
+            Some("user") if user.is_none() => user = m.content,
+            _ => {}
+        }
+        if system.is_some() && user.is_some() {
+            break;
+        }
+    }
+    if system.is_none() && user.is_none() {
+        return None;
+    }
+    let part = |i: u64, raw: Option<&serde_json::value::RawValue>| {
+        raw.map_or(0, |r| hash64(i, r.get().as_bytes()))
+    };
+    let mut h = part(1, head.model);
+    h = avalanche(h ^ part(2, system));
+    h = avalanche(h.wrapping_add(part(3, user)));
+    Some(h)
+}

@@ -1,0 +1,500 @@
+//! Routing: the session key of a request, its rendezvous ranking, bounded load, where a new
+//! session starts, and the session table.
+//!
+//! Placement is weighted rendezvous (highest-random-weight) hashing over the pool: every backend
+//! gets a score from a published 64-bit hash of (session key, backend name) and the highest
+//! score wins. Two proxies with the same backend names therefore agree without talking, removing
+//! a backend moves only its sessions (each to its own second choice, so they spread), and adding
+//! one takes about 1/(N+1) of the sessions. Hashing alone places a handful of sessions unevenly
+//! (20 over 4 backends can land 7/8/3/2), and the crowded backend then evicts its own sessions'
+//! prefixes. So a session's first turn stays with its first choice only while that backend
+//! holds at most `context_factor` times its share of the active context (the body bytes of
+//! sessions used within the active window), else goes to whichever of its first `choices`
+//! rendezvous choices holds the least. On top sit a bounded-load escape on requests in flight
+//! and a session table that remembers, with an idle TTL and an LRU bound,
+//! every placement that differs from the plain hash, so a session stays with the cache it built.
+//!
+//! Layout: `hash` (published hashes), `key` (session keys and turns), this file (backends,
+//! pool, decisions), `table` (the session table).
+
+mod hash;
+mod key;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+
+use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
+use super::metrics::BackendMetrics;
+
+pub use hash::{hash64, rendezvous_score};
+pub use key::{conversation_fingerprint, session_key, SessionKey, Turn};
+pub use table::{SessionId, SessionTable, SessionView};
+
+// ---------------------------------------------------------------------------------------------
+// Backends and the pool
+
+/// One backend with its live state; shared by the router, the forwarding path and health checks.
+#[derive(Debug)]
+pub struct Backend {
+    /// Configured name (seeds the rendezvous hash).
+    pub name: Arc<str>,
+    /// The name as the `X-Agentrace-Backend` response header carries it (none if not ASCII).
+    pub name_header: Option<http::HeaderValue>,
+    /// Where requests go.
+    pub url: BackendUrl,
+    /// Rendezvous weight.
+    pub weight: f64,
+    /// `hash64` of the name: combined with each key's hash for its score.
+    pub seed: u64,
+    /// Requests sent and not yet finished (body fully forwarded or aborted).
+    pub in_flight: AtomicU64,
+    /// Sessions the session table places here.
+    pub sessions: AtomicI64,
+    /// Body bytes of the last request of each session placed here and used within the active
+    /// window: the context this backend must hold for its live sessions.
+    pub active_bytes: AtomicI64,
+    /// Takes new requests only while healthy.
+    pub healthy: AtomicBool,
+    /// Draining: known sessions continue here, new sessions go elsewhere.
+    pub draining: AtomicBool,
+    /// Hysteresis counters of the health checker.
+    pub health: Mutex<HealthCounters>,
+    /// 5xx responses (or failed sends) in a row on the data path.
+    pub consecutive_5xx: AtomicU32,
+    /// This backend's metric handles.
+    pub metrics: BackendMetrics,
+}
+
+/// Consecutive probe and response outcomes, for hysteresis.
+#[derive(Debug, Default)]
+pub struct HealthCounters {
+    /// Failed probes in a row.
+    pub probe_failures: u32,
+    /// Good probes in a row.
+    pub probe_successes: u32,
+    /// When the backend was last taken out (None while healthy, or until the checker sees it).
+    pub out_since: Option<std::time::Instant>,
+}
+
+impl Backend {
+    /// A healthy, undrained backend.
+    pub fn new(name: &str, url: BackendUrl, weight: f64, metrics: BackendMetrics) -> Self {
+        Self {
+            name: Arc::from(name),
+            name_header: http::HeaderValue::from_str(name).ok(),
+            url,
+            weight,
+            seed: hash64(0x5EED, name.as_bytes()),
+            in_flight: AtomicU64::new(0),
+            sessions: AtomicI64::new(0),
+            active_bytes: AtomicI64::new(0),
+            healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            health: Mutex::new(HealthCounters::default()),
+            consecutive_5xx: AtomicU32::new(0),
+            metrics,
+        }
+    }
+
+    /// Healthy and not draining: may take new sessions.
+    pub fn takes_new(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
+    }
+
+    fn load(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// The active context this backend holds, per unit of weight.
+    fn held_per_weight(&self) -> f64 {
+        self.active_bytes.load(Ordering::Relaxed).max(0) as f64 / self.weight
+    }
+
+    pub(crate) fn hold(&self, bytes: u64) {
+        self.active_bytes.fetch_add(bytes as i64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn release(&self, bytes: u64) {
+        self.active_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+    }
+}
+
+/// Affinity settings in the form the hot path uses.
+#[derive(Debug, Clone)]
+pub struct AffinitySettings {
+    /// Placement policy.
+    pub policy: Policy,
+    /// Session headers, parsed.
+    pub headers: Vec<HeaderName>,
+    /// Conversation fingerprint on or off.
+    pub fingerprint: bool,
+    /// Bounded-load factor (0: off).
+    pub load_factor: f64,
+    /// A new session whose first choice holds more than this multiple of its share of the
+    /// active context starts elsewhere (0: never).
+    pub context_factor: f64,
+    /// ... on the backend holding the least active context among this many of its first
+    /// rendezvous choices (1: the first choice always).
+    pub choices: usize,
+}
+
+impl AffinitySettings {
+    /// From a validated config section.
+    pub fn from_config(c: &AffinityConfig) -> Self {
+        Self {
+            policy: c.policy,
+            headers: c
+                .headers
+                .iter()
+                .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                .collect(),
+            fingerprint: c.fingerprint,
+            load_factor: c.load_factor,
+            context_factor: c.context_factor,
+            choices: c.choices,
+        }
+    }
+}
+
+/// An immutable snapshot of the backends and affinity settings; a reload swaps in a new one.
+#[derive(Debug)]
+pub struct Pool {
+    /// The backends in configured order.
+    pub backends: Vec<Arc<Backend>>,
+    /// How to place requests.
+    pub affinity: AffinitySettings,
+    /// Probe and ejection settings (reloaded with the pool).
+    pub health: HealthConfig,
+}
+
+impl Pool {
+    /// The backend with this name.
+    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+        self.backends.iter().find(|b| &*b.name == name)
+    }
+
+    fn index_of(&self, backend: &Arc<Backend>) -> Option<usize> {
+        self.backends.iter().position(|b| Arc::ptr_eq(b, backend))
+    }
+
+    /// The first entry of [`Pool::ranking`], without ranking the rest.
+    pub fn first_choice(&self, key_hash: u64) -> usize {
+        let mut best: Option<(f64, usize)> = None;
+        for (i, b) in self.backends.iter().enumerate() {
+            let score = rendezvous_score(key_hash, b.seed, b.weight);
+            let better = best.is_none_or(|(s, j)| {
+                score
+                    .total_cmp(&s)
+                    .then_with(|| self.backends[j].name.cmp(&b.name))
+                    .is_gt()
+            });
+            if better {
+                best = Some((score, i));
+            }
+        }
+        best.map_or(0, |(_, i)| i)
+    }
+
+    /// Backend indices by descending rendezvous score for `key_hash`.
+    pub fn ranking(&self, key_hash: u64) -> Vec<usize> {
+        let mut scored: Vec<(f64, usize)> = self
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (rendezvous_score(key_hash, b.seed, b.weight), i))
+            .collect();
+        scored.sort_unstable_by(|a, b| {
+            b.0.total_cmp(&a.0)
+                .then_with(|| self.backends[a.1].name.cmp(&self.backends[b.1].name))
+        });
+        scored.into_iter().map(|(_, i)| i).collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decisions
+
+/// Why a request went where it went (the `outcome` label of the decision counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The session's first rendezvous choice.
+    Hash,
+    /// The session table kept the session where an earlier spill or failover put it.
+    Bound,
+    /// The first choice was above the load bound; the next choice under it took the session.
+    Spill,
+    /// A new session's first choice held more than its bound of active context; another of its
+    /// first `choices` backends, holding the least, took the session.
+    Placed,
+    /// The first choice was unhealthy, draining, removed or failed; the next choice took it.
+    Failover,
+    /// No session key (or policy `least_loaded`): fewest requests in flight.
+    LeastLoaded,
+    /// Policy `round_robin`: next backend in turn.
+    RoundRobin,
+}
+
+impl Outcome {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Hash => "hash",
+            Outcome::Bound => "bound",
+            Outcome::Spill => "spill",
+            Outcome::Placed => "placed",
+            Outcome::Failover => "failover",
+            Outcome::LeastLoaded => "least_loaded",
+            Outcome::RoundRobin => "round_robin",
+        }
+    }
+}
+
+/// Where one request goes.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Index into the pool's backends.
+    pub index: usize,
+    /// Why.
+    pub outcome: Outcome,
+}
+
+/// The router: the current pool, the session table and the round-robin cursor.
+pub struct Router {
+    pool: RwLock<Arc<Pool>>,
+    /// Remembered sessions.
+    pub sessions: SessionTable,
+    cursor: AtomicUsize,
+}
+
+impl Router {
+    /// A router over `pool` with a session table bounded by `max_sessions` and `ttl`.
+    pub fn new(pool: Pool, max_sessions: usize, ttl: Duration) -> Self {
+        Self {
+            pool: RwLock::new(Arc::new(pool)),
+            sessions: SessionTable::new(max_sessions, ttl),
+            cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// The current pool snapshot (a refcount bump).
+    pub fn pool(&self) -> Arc<Pool> {
+        self.pool.read().clone()
+    }
+
+    /// Swaps in a new pool (reload); requests already routed keep their snapshot.
+    pub fn replace_pool(&self, pool: Pool) {
+        *self.pool.write() = Arc::new(pool);
+    }
+
+    /// Chooses a backend for a request; `tried` lists backends that already failed for it.
+    /// With `commit`, the session table learns the placement.
+    pub fn route(
+        &self,
+        pool: &Pool,
+        key: Option<&SessionKey>,
+        tried: &[usize],
+        commit: bool,
+    ) -> Option<Decision> {
+        if pool.backends.is_empty() {
+            return None;
+        }
+        match (pool.affinity.policy, key) {
+            (Policy::RoundRobin, _) => self.round_robin(pool, tried),
+            (Policy::LeastLoaded, _) | (Policy::Session, None) => self.least_loaded(pool, tried),
+            (Policy::Session, Some(key)) => self.by_session(pool, key, tried, commit),
+        }
+    }
+
+    fn usable(pool: &Pool, i: usize, tried: &[usize]) -> bool {
+        pool.backends[i].takes_new() && !tried.contains(&i)
+    }
+
+    /// When nothing is healthy, sending somewhere beats refusing: pick among the untried
+    /// undrained backends (health checks may simply be wrong).
+    fn panic_usable(pool: &Pool, i: usize, tried: &[usize]) -> bool {
+        !pool.backends[i].draining.load(Ordering::Relaxed) && !tried.contains(&i)
+    }
+
+    fn round_robin(&self, pool: &Pool, tried: &[usize]) -> Option<Decision> {
+        let n = pool.backends.len();
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let pick = |ok: &dyn Fn(usize) -> bool| (0..n).map(|k| (start + k) % n).find(|&i| ok(i));
+        pick(&|i| Self::usable(pool, i, tried))
+            .or_else(|| pick(&|i| Self::panic_usable(pool, i, tried)))
+            .map(|index| Decision {
+                index,
+                outcome: Outcome::RoundRobin,
+            })
+    }
+
+    fn least_loaded(&self, pool: &Pool, tried: &[usize]) -> Option<Decision> {
+        let n = pool.backends.len();
+        // Rotate the starting point so ties do not all land on the first backend.
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let pick = |ok: &dyn Fn(usize) -> bool| {
+            (0..n)
+                .map(|k| (start + k) % n)
+                .filter(|&i| ok(i))
+                .min_by_key(|&i| pool.backends[i].load())
+        };
+        pick(&|i| Self::usable(pool, i, tried))
+            .or_else(|| pick(&|i| Self::panic_usable(pool, i, tried)))
+            .map(|index| Decision {
+                index,
+                outcome: Outcome::LeastLoaded,
+            })
+    }
+
+    fn by_session(
+        &self,
+        pool: &Pool,
+        key: &SessionKey,
+        tried: &[usize],
+        commit: bool,
+    ) -> Option<Decision> {
+        let plain = pool.first_choice(key.hash);
+        // The full ranking is needed only when the first choice will not do.
+        let mut ranking: Option<Vec<usize>> = None;
+        let id = self.sessions.id(key);
+        let known = self
+            .sessions
+            .get(id)
+            .and_then(|(backend, pinned)| pool.index_of(&backend).map(|i| (i, pinned)));
+
+        // A known session stays where it is while that backend is healthy, even when draining:
+        // draining only stops new sessions. An unpinned entry follows the hash (a backend added
+        // since may have taken the key).
+        let sticky = known.filter(|&(i, pinned)| {
+            (pinned || i == plain)
+                && pool.backends[i].healthy.load(Ordering::Relaxed)
+                && !tried.contains(&i)
+        });
+        let (mut index, mut outcome) = match sticky {
+            Some((i, true)) => (i, Outcome::Bound),
+            Some((i, false)) => (i, Outcome::Hash),
+            None => {
+                let i = if Self::usable(pool, plain, tried) {
+                    plain
+                } else {
+                    let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                    ranked
+                        .iter()
+                        .copied()
+                        .find(|&i| Self::usable(pool, i, tried))
+                        .or_else(|| {
+                            ranked
+                                .iter()
+                                .copied()
+                                .find(|&i| Self::panic_usable(pool, i, tried))
+                        })?
+                };
+                // A session nobody has placed yet starts where the least context is held.
+                let fresh = known.is_none()
+                    && tried.is_empty()
+                    && i == plain
+                    && !key.turn.continues
+                    && pool.affinity.choices > 1;
+                if fresh {
+                    let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                    let start = starting_backend(pool, ranked, key.turn.context_bytes);
+                    let outcome = if start == plain {
+                        Outcome::Hash
+                    } else {
+                        Outcome::Placed
+                    };
+                    (start, outcome)
+                } else if i == plain && tried.is_empty() {
+                    (i, Outcome::Hash)
+                } else {
+                    (i, Outcome::Failover)
+                }
+            }
+        };
+
+        if let Some(limit) = load_limit(pool) {
+            if pool.backends[index].load() + 1 > limit {
+                let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                if let Some(i) = ranked.iter().copied().find(|&i| {
+                    i != index && Self::usable(pool, i, tried) && pool.backends[i].load() < limit
+                }) {
+                    index = i;
+                    outcome = Outcome::Spill;
+                }
+            }
+        }
+
+        if commit {
+            let pinned = index != plain;
+            self.sessions.put(
+                id,
+                &pool.backends[index],
+                pinned,
+                outcome,
+                key.turn.context_bytes,
+            );
+        }
+        Some(Decision { index, outcome })
+    }
+}
+
+/// Where a new session of `bytes` starts: its first choice (`ranked[0]`, usable) while that
+/// stays within `context_factor` times its weight's share of all active context, this session's
+/// included, as every replica then computes alike; past that bound, whichever of its first
+/// `choices` backends holds the least active context per unit of weight (ties: rank order).
+fn starting_backend(pool: &Pool, ranked: &[usize], bytes: u64) -> usize {
+    let head = ranked[0];
+    let factor = pool.affinity.context_factor;
+    if factor <= 0.0 {
+        return head;
+    }
+    let (held, weight) =
+        pool.backends
+            .iter()
+            .filter(|b| b.takes_new())
+            .fold((0.0, 0.0), |(h, w), b| {
+                (
+                    h + b.active_bytes.load(Ordering::Relaxed).max(0) as f64,
+                    w + b.weight,
+                )
+            });
+    let first = &pool.backends[head];
+    let bound = factor * (held + bytes as f64) / weight;
+    if weight <= 0.0 || first.held_per_weight() + bytes as f64 / first.weight <= bound {
+        return head;
+    }
+    let mut best = (first.held_per_weight(), head);
+    for &i in ranked.iter().take(pool.affinity.choices).skip(1) {
+        let b = &pool.backends[i];
+        if b.takes_new() && b.held_per_weight() < best.0 {
+            best = (b.held_per_weight(), i);
+        }
+    }
+    best.1
+}
+
+/// The most requests a backend may have in flight before a session spills to its next choice:
+/// `ceil(load_factor × (in flight + 1) / backends taking new sessions)`.
+fn load_limit(pool: &Pool) -> Option<u64> {
+    let factor = pool.affinity.load_factor;
+    if factor <= 0.0 {
+        return None;
+    }
+    let (total, n) = pool
+        .backends
+        .iter()
+        .filter(|b| b.takes_new())
+        .fold((0u64, 0u64), |(t, n), b| (t + b.load(), n + 1));
+    if n == 0 {
+        return None;
+    }
+    Some((factor * (total + 1) as f64 / n as f64).ceil() as u64)
+}

@@ -1,0 +1,361 @@
+//! The session table: where each remembered session is, and how much context each backend's
+//! recently active sessions make it hold.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::key::SessionKey;
+use super::{Backend, Outcome};
+
+const SHARDS: usize = 16;
+
+/// The active window until configured: `affinity.active_secs`'s default.
+const DEFAULT_ACTIVE: Duration = Duration::from_secs(20);
+
+/// Which of `n` shards holds `key`.
+fn shard_index(id: SessionId, n: usize) -> usize {
+    (id.tag as usize) % n
+}
+
+/// How the table names a session: a fixed-size digest of its key, never the key itself, so
+/// that an entry costs the same whatever the length of the key a client sends (a header value
+/// may be 64 KiB). 128 bits: the key's placement hash, plus SipHash-1-3 of the key under a
+/// random key of the table's own, which no client can compute, so no client can make its key
+/// collide with another session's to move or take over that session's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId {
+    /// `SessionKey::hash`.
+    pub(super) hash: u64,
+    /// The keyed hash; also picks the shard, so no client can crowd one shard either.
+    pub(super) tag: u64,
+}
+
+/// What the table knows about one session.
+#[derive(Debug, Clone)]
+struct Entry {
+    backend: Arc<Backend>,
+    pinned: bool,
+    outcome: Outcome,
+    seq: u64,
+    last_used: Instant,
+    /// Body bytes of the session's last request: the context its backend holds for it.
+    bytes: u64,
+    /// Counted in its backend's active context (used within the active window).
+    active: bool,
+}
+
+#[derive(Default)]
+struct Shard {
+    /// Seeded per process, and several times cheaper than SipHash (the ids are keyed already).
+    map: HashMap<SessionId, Entry, foldhash::fast::RandomState>,
+    /// Entries by last use, with the id and that last use: the first is the least recently
+    /// used (and the idlest), checked without a lookup in `map`.
+    order: BTreeMap<u64, (SessionId, Instant)>,
+    next_seq: u64,
+    /// Entries with a lower `seq` are no longer active: the idle walk resumes here.
+    active_from: u64,
+}
+
+/// A session as shown by `GET /admin/sessions/{key}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionView {
+    /// Backend the table places the session on.
+    pub backend: String,
+    /// True when that placement overrides the plain hash (a binding).
+    pub bound: bool,
+    /// Why it was last placed there.
+    pub last_outcome: Outcome,
+    /// Seconds since the session's last request.
+    pub idle_secs: f64,
+}
+
+/// Remembered sessions, sharded by key to keep lock hold times short. Every keyed request
+/// refreshes its entry; entries that override the hash ("bound") are what make a spilled or
+/// failed-over session stick. Bounded by an idle TTL and an LRU size limit; each entry has
+/// the same size, as keys are kept as a [`SessionId`].
+pub struct SessionTable {
+    /// Always [`SHARDS`] of them; keys spread over the first `in_use`.
+    shards: Vec<Mutex<Shard>>,
+    /// The random key of [`SessionId::tag`], drawn when the table is made.
+    tag_key: std::hash::RandomState,
+    /// How many shards keys spread over: one for a small table, so that its LRU bound is
+    /// exact, else all. Changed only while every shard is locked, together with moving each
+    /// entry to the shard its key maps to then, so no lookup ever searches the wrong shard.
+    in_use: AtomicUsize,
+    max_sessions: AtomicUsize,
+    ttl_ms: AtomicU64,
+    active_ms: AtomicU64,
+    bound: AtomicI64,
+}
+
+/// Shards used for a table of at most `max_sessions`.
+fn shards_for(max_sessions: usize) -> usize {
+    if max_sessions >= SHARDS * 1024 {
+        SHARDS
+    } else {
+        1
+    }
+}
+
+impl SessionTable {
+    /// An empty table.
+    pub fn new(max_sessions: usize, ttl: Duration) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            tag_key: std::hash::RandomState::new(),
+            in_use: AtomicUsize::new(shards_for(max_sessions)),
+            max_sessions: AtomicUsize::new(max_sessions),
+            ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
+            active_ms: AtomicU64::new(DEFAULT_ACTIVE.as_millis() as u64),
+            bound: AtomicI64::new(0),
+        }
+    }
+
+    /// Applies new bounds (reload). A new size limit takes effect at once: when it changes
+    /// how many shards are used, every entry moves to its new shard, and entries over the
+    /// limit are evicted least recently used first, so the counts stay true. A new TTL takes
+    /// effect as entries are touched or swept.
+    pub fn set_limits(&self, max_sessions: usize, ttl: Duration) {
+        self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Relaxed);
+        // In index order, as nothing else ever holds two shard locks.
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        self.max_sessions.store(max_sessions, Ordering::Relaxed);
+        let n = shards_for(max_sessions);
+        if n != self.in_use.load(Ordering::Relaxed) {
+            let mut entries: Vec<(SessionId, Entry)> = Vec::new();
+            for shard in guards.iter_mut() {
+                shard.order.clear();
+                shard.active_from = 0;
+                entries.extend(shard.map.drain());
+            }
+            // Oldest first, so each shard's order stays least recently used first.
+            entries.sort_by_key(|(_, e)| e.last_used);
+            for (id, mut entry) in entries {
+                let shard = &mut *guards[shard_index(id, n)];
+                entry.seq = shard.next_seq;
+                shard.next_seq += 1;
+                shard.order.insert(entry.seq, (id, entry.last_used));
+                shard.map.insert(id, entry);
+            }
+            self.in_use.store(n, Ordering::Release);
+        }
+        let cap = (max_sessions / n).max(1);
+        for shard in guards.iter_mut() {
+            while shard.map.len() > cap {
+                let Some((&oldest, _)) = shard.order.first_key_value() else {
+                    break;
+                };
+                self.evict(shard, oldest);
+            }
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed))
+    }
+
+    /// How the table names the session of `key`: what [`SessionTable::get`] and
+    /// [`SessionTable::put`] take, computed once per request.
+    pub fn id(&self, key: &SessionKey) -> SessionId {
+        SessionId {
+            hash: key.hash,
+            tag: self.tag_key.hash_one(key.text.as_bytes()),
+        }
+    }
+
+    /// The locked shard of `id` and the per-shard size limit.
+    fn lock(&self, id: SessionId) -> (MutexGuard<'_, Shard>, usize) {
+        loop {
+            let n = self.in_use.load(Ordering::Acquire);
+            let guard = self.shards[shard_index(id, n)].lock();
+            // The layout changes only under every shard's lock: unchanged now, it holds
+            // until this guard is dropped. Changed, the key may live elsewhere: look again.
+            if self.in_use.load(Ordering::Acquire) == n {
+                return (
+                    guard,
+                    (self.max_sessions.load(Ordering::Relaxed) / n).max(1),
+                );
+            }
+        }
+    }
+
+    /// The session's backend and whether it is bound, unless unknown or idle past the TTL.
+    pub fn get(&self, id: SessionId) -> Option<(Arc<Backend>, bool)> {
+        let (mut shard, _) = self.lock(id);
+        let entry = shard.map.get(&id)?;
+        if entry.last_used.elapsed() > self.ttl() {
+            let seq = entry.seq;
+            self.evict(&mut shard, seq);
+            return None;
+        }
+        Some((entry.backend.clone(), entry.pinned))
+    }
+
+    /// A read-only view for the admin API.
+    pub fn view(&self, id: SessionId) -> Option<SessionView> {
+        let (shard, _) = self.lock(id);
+        let e = shard.map.get(&id)?;
+        let idle = e.last_used.elapsed();
+        (idle <= self.ttl()).then(|| SessionView {
+            backend: e.backend.name.to_string(),
+            bound: e.pinned,
+            last_outcome: e.outcome,
+            idle_secs: idle.as_secs_f64(),
+        })
+    }
+
+    /// How long after its last request a session still counts in its backend's active context.
+    pub fn set_active_window(&self, window: Duration) {
+        self.active_ms
+            .store(window.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Records a placement of a request of `bytes` and refreshes the session's last use.
+    pub fn put(
+        &self,
+        id: SessionId,
+        backend: &Arc<Backend>,
+        pinned: bool,
+        outcome: Outcome,
+        bytes: u64,
+    ) {
+        let now = Instant::now();
+        let ttl = self.ttl();
+        let (mut guard, cap) = self.lock(id);
+        let Shard {
+            map,
+            order,
+            next_seq,
+            ..
+        } = &mut *guard;
+        let seq = *next_seq;
+        *next_seq += 1;
+        match map.get_mut(&id) {
+            Some(e) => {
+                order.remove(&e.seq);
+                if e.active {
+                    e.backend.release(e.bytes);
+                }
+                backend.hold(bytes);
+                e.active = true;
+                e.bytes = bytes;
+                if !Arc::ptr_eq(&e.backend, backend) {
+                    e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
+                    backend.sessions.fetch_add(1, Ordering::Relaxed);
+                    e.backend = backend.clone();
+                }
+                if e.pinned != pinned {
+                    self.bound
+                        .fetch_add(if pinned { 1 } else { -1 }, Ordering::Relaxed);
+                    e.pinned = pinned;
+                }
+                e.outcome = outcome;
+                e.seq = seq;
+                e.last_used = now;
+                order.insert(seq, (id, now));
+            }
+            None => {
+                backend.sessions.fetch_add(1, Ordering::Relaxed);
+                backend.hold(bytes);
+                if pinned {
+                    self.bound.fetch_add(1, Ordering::Relaxed);
+                }
+                map.insert(
+                    id,
+                    Entry {
+                        backend: backend.clone(),
+                        pinned,
+                        outcome,
+                        seq,
+                        last_used: now,
+                        bytes,
+                        active: true,
+                    },
+                );
+                order.insert(seq, (id, now));
+            }
+        }
+        // Make room and drop what has idled out, oldest first.
+        let shard = &mut *guard;
+        while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
+            if shard.map.len() > cap || now.saturating_duration_since(last_used) > ttl {
+                self.evict(shard, oldest);
+            } else {
+                break;
+            }
+        }
+        self.deactivate_idle(shard, now);
+    }
+
+    /// Takes sessions idle past the active window out of their backends' active context,
+    /// oldest first, resuming where the last walk stopped.
+    fn deactivate_idle(&self, shard: &mut Shard, now: Instant) {
+        let window = Duration::from_millis(self.active_ms.load(Ordering::Relaxed));
+        let mut from = shard.active_from;
+        for (&seq, &(id, last_used)) in shard.order.range(from..) {
+            if now.saturating_duration_since(last_used) <= window {
+                break;
+            }
+            if let Some(e) = shard.map.get_mut(&id) {
+                if e.active {
+                    e.active = false;
+                    e.backend.release(e.bytes);
+                }
+            }
+            from = seq + 1;
+        }
+        shard.active_from = from;
+    }
+
+    fn evict(&self, shard: &mut Shard, seq: u64) {
+        if let Some((k, _)) = shard.order.remove(&seq) {
+            if let Some(e) = shard.map.remove(&k) {
+                e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
+                if e.active {
+                    e.backend.release(e.bytes);
+                }
+                if e.pinned {
+                    self.bound.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Drops every session idle past the TTL (run periodically so counts stay true).
+    pub fn sweep(&self) {
+        let ttl = self.ttl();
+        let now = Instant::now();
+        for shard in &self.shards {
+            let mut shard = shard.lock();
+            while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
+                if now.saturating_duration_since(last_used) <= ttl {
+                    break;
+                }
+                self.evict(&mut shard, oldest);
+            }
+            self.deactivate_idle(&mut shard, now);
+        }
+    }
+
+    /// Sessions remembered.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    /// True when no session is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sessions whose placement overrides the plain hash.
+    pub fn bound(&self) -> u64 {
+        self.bound.load(Ordering::Relaxed).max(0) as u64
+    }
+}

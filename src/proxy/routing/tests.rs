@@ -1,0 +1,595 @@
+use std::collections::HashMap;
+
+use http::Method;
+use tokio::time::Instant;
+
+use super::*;
+use crate::proxy::fields::WireFields;
+use crate::proxy::metrics::ProxyMetrics;
+use crate::proxy::tap::KeySource;
+
+fn pool_of(names: &[&str], load_factor: f64) -> Pool {
+    let metrics = ProxyMetrics::new();
+    Pool {
+        backends: names
+            .iter()
+            .map(|n| {
+                Arc::new(Backend::new(
+                    n,
+                    BackendUrl::parse("http://127.0.0.1:1").unwrap(),
+                    1.0,
+                    metrics.backend(n),
+                ))
+            })
+            .collect(),
+        affinity: AffinitySettings {
+            policy: Policy::Session,
+            headers: vec![HeaderName::from_static("x-session-id")],
+            fingerprint: true,
+            load_factor,
+            context_factor: 0.0,
+            choices: 1,
+        },
+        health: HealthConfig::default(),
+    }
+}
+
+fn id_of(t: &SessionTable, key: &str) -> SessionId {
+    t.id(&SessionKey::new(key.to_string(), KeySource::Header))
+}
+
+/// A session costs the table the same whatever its key's length: the table keeps a
+/// 16-byte id, equal for equal keys, different for keys that differ only in their last
+/// byte 60 KiB in, and keyed per table (another table's ids differ).
+#[test]
+fn session_ids_have_a_fixed_size_whatever_the_key() {
+    assert_eq!(std::mem::size_of::<SessionId>(), 16);
+    let t = SessionTable::new(10, Duration::from_secs(60));
+    let long = "k".repeat(60 * 1024);
+    let other = format!("{}j", &long[1..]);
+    assert_eq!(id_of(&t, &long), id_of(&t, &long.clone()));
+    assert_ne!(id_of(&t, &long), id_of(&t, &other));
+    let elsewhere = SessionTable::new(10, Duration::from_secs(60));
+    assert_ne!(id_of(&t, "s").tag, id_of(&elsewhere, "s").tag);
+    assert_eq!(id_of(&t, "s").hash, id_of(&elsewhere, "s").hash);
+}
+
+fn router(pool: Pool) -> Router {
+    Router::new(pool, 1_000_000, Duration::from_secs(1800))
+}
+
+fn place(r: &Router, key: &str) -> String {
+    let pool = r.pool();
+    let k = SessionKey::new(key.to_string(), KeySource::Header);
+    let d = r.route(&pool, Some(&k), &[], true).unwrap();
+    pool.backends[d.index].name.to_string()
+}
+
+/// Frozen vectors, the published XXH3-64 of each input (as the reference C library and its
+/// Python binding give them): a change here would move every session of every deployed proxy,
+/// and another implementation reproduces a placement from them.
+#[test]
+fn hash_is_stable_across_builds() {
+    let vectors: [(&[u8], u64); 4] = [
+        (b"", 0x2d06_8005_38d3_94c2),
+        (b"abc", 0x78af_5f94_892f_3950),
+        (b"session-1", 0xc07e_a649_48c9_a305),
+        (b"django__django-16899__repeat_2", 0x70e0_5ff1_4abf_b3e7),
+    ];
+    for (input, expected) in vectors {
+        assert_eq!(
+            hash64(0, input),
+            expected,
+            "{:?}",
+            std::str::from_utf8(input)
+        );
+    }
+    assert_ne!(hash64(0, b"abc"), hash64(1, b"abc"));
+    assert_ne!(hash64(0, b"abcdefgh"), hash64(0, b"abcdefgh\0"));
+}
+
+#[test]
+fn same_key_always_reaches_the_same_backend() {
+    let r = router(pool_of(&["a", "b", "c", "d"], 0.0));
+    for i in 0..200 {
+        let key = format!("s{i}");
+        let first = place(&r, &key);
+        for _ in 0..5 {
+            assert_eq!(place(&r, &key), first);
+        }
+    }
+}
+
+/// The cheap first choice is always the head of the full ranking, weights and ties included.
+#[test]
+fn first_choice_is_the_head_of_the_ranking() {
+    let mut pool = pool_of(&["a", "b", "c", "d", "e"], 1.5);
+    let weighted = Arc::new(Backend::new(
+        "w",
+        BackendUrl::parse("http://127.0.0.1:1").unwrap(),
+        3.0,
+        ProxyMetrics::new().backend("w"),
+    ));
+    pool.backends.push(weighted);
+    for k in 0..5_000 {
+        let h = hash64(0, format!("key-{k}").as_bytes());
+        assert_eq!(pool.first_choice(h), pool.ranking(h)[0], "key-{k}");
+    }
+}
+
+/// 10,000 random keys over 4 equal backends land within ±10% of 2,500 each.
+#[test]
+fn random_keys_spread_evenly() {
+    let r = router(pool_of(&["gpu-0", "gpu-1", "gpu-2", "gpu-3"], 0.0));
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut rng = rand::thread_rng();
+    for _ in 0..10_000 {
+        let key = format!("{:032x}", rand::Rng::gen::<u128>(&mut rng));
+        *counts.entry(place(&r, &key)).or_default() += 1;
+    }
+    for (name, n) in &counts {
+        assert!(
+            (2250..=2750).contains(n),
+            "{name}: {n} of 10000 ({counts:?})"
+        );
+    }
+    assert_eq!(counts.len(), 4);
+}
+
+#[test]
+fn weights_give_proportional_shares() {
+    let metrics = ProxyMetrics::new();
+    let mut pool = pool_of(&["a", "b"], 0.0);
+    pool.backends[1] = Arc::new(Backend::new(
+        "b",
+        BackendUrl::parse("http://127.0.0.1:1").unwrap(),
+        3.0,
+        metrics.backend("b"),
+    ));
+    let r = router(pool);
+    let on_b = (0..8000)
+        .filter(|i| place(&r, &format!("k{i}")) == "b")
+        .count();
+    assert!(
+        (5600..=6400).contains(&on_b),
+        "b got {on_b} of 8000, expected ~6000"
+    );
+}
+
+/// Removing a backend moves exactly the keys it held, spread over all the others.
+#[test]
+fn removing_a_backend_moves_only_its_keys() {
+    let before = router(pool_of(&["a", "b", "c", "d"], 0.0));
+    let after = router(pool_of(&["a", "b", "d"], 0.0));
+    let mut moved_to: HashMap<String, usize> = HashMap::new();
+    for i in 0..4000 {
+        let key = format!("key-{i}");
+        let (x, y) = (place(&before, &key), place(&after, &key));
+        if x == "c" {
+            *moved_to.entry(y).or_default() += 1;
+        } else {
+            assert_eq!(x, y, "{key} moved from {x} to {y} though {x} stayed");
+        }
+    }
+    assert_eq!(
+        moved_to.len(),
+        3,
+        "c's keys spread over every survivor: {moved_to:?}"
+    );
+    for n in moved_to.values() {
+        assert!(*n > 200, "{moved_to:?}");
+    }
+}
+
+#[test]
+fn adding_a_backend_moves_about_one_in_n_plus_one() {
+    let before = router(pool_of(&["a", "b", "c"], 0.0));
+    let after = router(pool_of(&["a", "b", "c", "d"], 0.0));
+    let mut moved = 0;
+    for i in 0..4000 {
+        let key = format!("key-{i}");
+        let (x, y) = (place(&before, &key), place(&after, &key));
+        if x != y {
+            assert_eq!(y, "d", "keys only move to the new backend");
+            moved += 1;
+        }
+    }
+    assert!(
+        (800..=1200).contains(&moved),
+        "moved {moved} of 4000, expected ~1000"
+    );
+}
+
+/// A session that failed over stays on its new backend when the old one recovers.
+#[test]
+fn recovered_backend_does_not_pull_sessions_back() {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let key = "sticky-session";
+    let home = place(&r, key);
+    let pool = r.pool();
+    let home_backend = pool.backend(&home).unwrap().clone();
+    home_backend.healthy.store(false, Ordering::Relaxed);
+    let away = place(&r, key);
+    assert_ne!(away, home);
+    assert_eq!(r.sessions.bound(), 1);
+    home_backend.healthy.store(true, Ordering::Relaxed);
+    assert_eq!(place(&r, key), away);
+    // A key never seen before still goes to the recovered backend by hash.
+    let fresh = (0..1000)
+        .map(|i| format!("fresh-{i}"))
+        .find(|k| {
+            let p = r.pool();
+            let h = SessionKey::new(k.clone(), KeySource::Header).hash;
+            *p.backends[p.ranking(h)[0]].name == *home
+        })
+        .unwrap();
+    assert_eq!(place(&r, &fresh), home);
+}
+
+#[test]
+fn draining_keeps_known_sessions_and_sends_new_ones_elsewhere() {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let known = "known";
+    let home = place(&r, known);
+    r.pool()
+        .backend(&home)
+        .unwrap()
+        .draining
+        .store(true, Ordering::Relaxed);
+    assert_eq!(place(&r, known), home);
+    let pool = r.pool();
+    let new_key = (0..1000)
+        .map(|i| format!("new-{i}"))
+        .find(|k| {
+            let h = SessionKey::new(k.clone(), KeySource::Header).hash;
+            *pool.backends[pool.ranking(h)[0]].name == *home
+        })
+        .unwrap();
+    assert_ne!(place(&r, &new_key), home);
+}
+
+#[test]
+fn bounded_load_spills_then_the_session_sticks() {
+    let r = router(pool_of(&["a", "b", "c", "d"], 1.5));
+    let key = "hot";
+    let home = place(&r, key);
+    let pool = r.pool();
+    let home_b = pool.backend(&home).unwrap().clone();
+    home_b.in_flight.store(10, Ordering::Relaxed);
+    let spilled = place(&r, key);
+    assert_ne!(spilled, home);
+    home_b.in_flight.store(0, Ordering::Relaxed);
+    assert_eq!(
+        place(&r, key),
+        spilled,
+        "the spilled session stays with its new cache"
+    );
+}
+
+#[test]
+fn failed_backend_is_skipped_on_retry_and_session_rebinds() {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let k = SessionKey::new("retry-me".into(), KeySource::Header);
+    let first = r.route(&pool, Some(&k), &[], true).unwrap();
+    let second = r.route(&pool, Some(&k), &[first.index], true).unwrap();
+    assert_ne!(first.index, second.index);
+    assert_eq!(second.outcome, Outcome::Failover);
+    let third = r.route(&pool, Some(&k), &[], true).unwrap();
+    assert_eq!(third.index, second.index);
+    assert_eq!(third.outcome, Outcome::Bound);
+}
+
+#[test]
+fn no_key_goes_to_the_least_loaded_backend() {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    pool.backends[0].in_flight.store(3, Ordering::Relaxed);
+    pool.backends[1].in_flight.store(1, Ordering::Relaxed);
+    pool.backends[2].in_flight.store(2, Ordering::Relaxed);
+    for _ in 0..5 {
+        let d = r.route(&pool, None, &[], true).unwrap();
+        assert_eq!(d.index, 1);
+        assert_eq!(d.outcome, Outcome::LeastLoaded);
+    }
+}
+
+#[test]
+fn session_table_evicts_least_recently_used_and_idle() {
+    let pool = pool_of(&["a"], 0.0);
+    let t = SessionTable::new(3, Duration::from_secs(1800));
+    let b = &pool.backends[0];
+    let id = |k: &str| id_of(&t, k);
+    for k in ["k1", "k2", "k3"] {
+        t.put(id(k), b, true, Outcome::Spill, 0);
+    }
+    t.put(id("k1"), b, true, Outcome::Bound, 0); // k2 is now the least recently used
+    t.put(id("k4"), b, true, Outcome::Spill, 0);
+    assert!(t.get(id("k2")).is_none());
+    assert!(t.get(id("k1")).is_some() && t.get(id("k3")).is_some());
+    assert!(t.get(id("k4")).is_some());
+    assert_eq!(t.len(), 3);
+    assert_eq!(t.bound(), 3);
+    assert_eq!(b.sessions.load(Ordering::Relaxed), 3);
+    t.set_limits(3, Duration::ZERO);
+    t.sweep();
+    assert_eq!(t.len(), 0);
+    assert_eq!(t.bound(), 0);
+    assert_eq!(b.sessions.load(Ordering::Relaxed), 0);
+}
+
+/// A new size limit that changes how many shards are used moves every entry to its new
+/// shard (none is lost, none counted twice), and one below the count evicts the least
+/// recently used at once, with the bound and per-backend counts following.
+#[test]
+fn changing_max_sessions_keeps_entries_and_counts_true() {
+    let pool = pool_of(&["a", "b"], 0.0);
+    let (a, b) = (&pool.backends[0], &pool.backends[1]);
+    let t = SessionTable::new(1_000_000, Duration::from_secs(1800));
+    let keys: Vec<SessionId> = (0..200).map(|i| id_of(&t, &format!("k{i}"))).collect();
+    for (i, k) in keys.iter().enumerate() {
+        if i == 150 {
+            // The last 50 are strictly more recent than the rest, even on a coarse clock.
+            let before = Instant::now();
+            while Instant::now() == before {}
+        }
+        t.put(
+            *k,
+            if i % 2 == 0 { a } else { b },
+            i % 4 == 0,
+            Outcome::Spill,
+            0,
+        );
+    }
+    let check = |present: &[SessionId]| {
+        for k in present {
+            assert!(t.get(*k).is_some(), "{k:?} lost");
+        }
+        assert_eq!(t.len(), present.len());
+        let bound = present.iter().filter(|k| t.get(**k).unwrap().1).count();
+        assert_eq!(t.bound(), bound as u64);
+        let on_a = present
+            .iter()
+            .filter(|k| Arc::ptr_eq(&t.get(**k).unwrap().0, a));
+        assert_eq!(a.sessions.load(Ordering::Relaxed), on_a.count() as i64);
+    };
+    check(&keys);
+    for max in [1_000, 1_000_000, 500, 2_000_000] {
+        t.set_limits(max, Duration::from_secs(1800));
+        check(&keys);
+    }
+    // Down to 1 shard and 50 entries: the 50 most recently used stay.
+    t.set_limits(50, Duration::from_secs(1800));
+    check(&keys[150..]);
+    assert!(t.get(keys[149]).is_none());
+}
+
+#[test]
+fn header_key_wins_over_fingerprint_and_first_header_wins() {
+    let names = [
+        HeaderName::from_static("x-session-id"),
+        HeaderName::from_static("session-id"),
+    ];
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let key = |x_session_id: &str| {
+        let h = WireFields::from_pairs([
+            (&b"session-id"[..], &b"second"[..]),
+            (b"x-session-id", x_session_id.as_bytes()),
+        ]);
+        let path = "/v1/chat/completions";
+        session_key(&h, &names, true, &Method::POST, path, body).unwrap()
+    };
+    let k = key("");
+    assert_eq!((k.text.as_str(), k.source), ("second", KeySource::Header));
+    assert_eq!(key("first").text, "first");
+}
+
+#[test]
+fn fingerprint_is_the_same_for_every_turn_of_a_conversation() {
+    let names = [HeaderName::from_static("x-session-id")];
+    let h = WireFields::default();
+    let turn1 = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"}],"stream":true}"#;
+    let turn2 = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"},{"role":"assistant","content":"done"},{"role":"user","content":"now tests"}],"stream":true}"#;
+    let other = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 2"}]}"#;
+    let other_model = br#"{"model":"n","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix bug 1"}]}"#;
+    let fp =
+        |b: &[u8]| session_key(&h, &names, true, &Method::POST, "/v1/chat/completions", b).unwrap();
+    assert_eq!(fp(turn1), fp(turn2));
+    assert_eq!(fp(turn1).source, KeySource::Fingerprint);
+    assert!(fp(turn1).text.starts_with("fp:"));
+    assert_ne!(fp(turn1), fp(other));
+    assert_ne!(fp(turn1), fp(other_model));
+    assert!(session_key(
+        &h,
+        &names,
+        false,
+        &Method::POST,
+        "/v1/chat/completions",
+        turn1
+    )
+    .is_none());
+    assert!(session_key(&h, &names, true, &Method::POST, "/v1/completions", turn1).is_none());
+    assert!(session_key(
+        &h,
+        &names,
+        true,
+        &Method::GET,
+        "/v1/chat/completions",
+        turn1
+    )
+    .is_none());
+    assert!(session_key(
+        &h,
+        &names,
+        true,
+        &Method::POST,
+        "/v1/chat/completions",
+        b"not json"
+    )
+    .is_none());
+}
+
+fn pool_choosing(names: &[&str], choices: usize) -> Pool {
+    let mut pool = pool_of(names, 0.0);
+    pool.affinity.choices = choices;
+    pool.affinity.context_factor = 1.1;
+    pool
+}
+
+const FIRST_TURN: &[u8] =
+    br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix it"}]}"#;
+const LATER_TURN: &[u8] = br#"{"model":"m","messages":[{"role":"system","content":"You code."},{"role":"user","content":"fix it"},{"role": "assistant","content":"ok"},{"role":"user","content":"more"}]}"#;
+
+fn route_turn(r: &Router, key: &str, body: &[u8]) -> Decision {
+    let pool = r.pool();
+    let k = SessionKey::new(key.to_string(), KeySource::Header).with_turn(Turn::of_body(body));
+    r.route(&pool, Some(&k), &[], true).unwrap()
+}
+
+/// The first key (from `prefix`-0 on) whose first rendezvous choice is backend `index`.
+fn key_homed_on(pool: &Pool, index: usize, prefix: &str) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|k| pool.first_choice(hash64(0, k.as_bytes())) == index)
+        .unwrap()
+}
+
+#[test]
+fn turn_tells_a_continuing_conversation_from_a_first_turn() {
+    assert!(!Turn::of_body(FIRST_TURN).continues);
+    assert!(Turn::of_body(LATER_TURN).continues);
+    assert_eq!(
+        Turn::of_body(FIRST_TURN).context_bytes,
+        FIRST_TURN.len() as u64
+    );
+    // The word inside a message's text is not a role.
+    let quoted = br#"{"messages":[{"role":"user","content":"say \"assistant\" twice"}]}"#;
+    assert!(!Turn::of_body(quoted).continues);
+}
+
+/// A new session leaves its first choice for the candidate holding the least context, and its
+/// later turns stay there (bound) even once that backend holds the most.
+#[test]
+fn new_session_starts_where_the_least_context_is_held() {
+    let r = router(pool_choosing(&["a", "b", "c", "d"], 4));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "new");
+    let ranked = pool.ranking(hash64(0, key.as_bytes()));
+    for (load, &i) in [4_000u64, 3_000, 1_000, 2_000].iter().zip(&ranked) {
+        pool.backends[i].hold(*load);
+    }
+    let d = route_turn(&r, &key, FIRST_TURN);
+    assert_eq!((d.index, d.outcome), (ranked[2], Outcome::Placed));
+    pool.backends[ranked[2]].hold(100_000);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (ranked[2], Outcome::Bound));
+}
+
+/// Candidates are only the first `choices` of the ranking: a backend further down stays
+/// unused however empty it is.
+#[test]
+fn only_the_first_choices_are_candidates() {
+    let r = router(pool_choosing(&["a", "b", "c", "d"], 2));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 1, "short");
+    let ranked = pool.ranking(hash64(0, key.as_bytes()));
+    for (load, &i) in [4_000u64, 3_500, 0, 0].iter().zip(&ranked) {
+        pool.backends[i].hold(*load);
+    }
+    let d = route_turn(&r, &key, FIRST_TURN);
+    assert_eq!((d.index, d.outcome), (ranked[1], Outcome::Placed));
+}
+
+/// A first choice within its bound keeps a new session although others hold less: that is
+/// what lets every replica place it alike.
+#[test]
+fn first_choice_within_its_bound_keeps_a_new_session() {
+    let r = router(pool_choosing(&["a", "b", "c", "d"], 4));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 2, "within");
+    let ranked = pool.ranking(hash64(0, key.as_bytes()));
+    // Bound: 1.1 × (9,000 + the body) / 4 ≈ 2,500; the first choice will hold 2,300 + the body.
+    for (load, &i) in [2_300u64, 2_233, 2_233, 2_234].iter().zip(&ranked) {
+        pool.backends[i].hold(*load);
+    }
+    let d = route_turn(&r, &key, FIRST_TURN);
+    assert_eq!((d.index, d.outcome), (2, Outcome::Hash));
+}
+
+/// With nothing held the hash decides, so every replica puts the session in the same place;
+/// so does a continuing turn of a session this router has not seen, however loaded.
+#[test]
+fn hash_decides_when_holdings_are_even_or_the_conversation_continues() {
+    let r = router(pool_choosing(&["a", "b", "c", "d"], 4));
+    let pool = r.pool();
+    for i in 0..200 {
+        let key = format!("even-{i}");
+        let k =
+            SessionKey::new(key.clone(), KeySource::Header).with_turn(Turn::of_body(FIRST_TURN));
+        let d = r.route(&pool, Some(&k), &[], false).unwrap();
+        assert_eq!(d.index, pool.first_choice(hash64(0, key.as_bytes())));
+        assert_eq!(d.outcome, Outcome::Hash);
+    }
+    let r = router(pool_choosing(&["a", "b", "c", "d"], 4));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 3, "later");
+    pool.backends[3].hold(1_000_000);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (3, Outcome::Hash));
+}
+
+/// Twenty equal sessions over four backends: plain hashing leaves some backend with at least
+/// 3 more than another for these keys; the context bound with a choice of three keeps every
+/// backend within 2.
+#[test]
+fn choices_even_out_what_hashing_leaves_uneven() {
+    let spread = |choices: usize| {
+        let r = router(pool_choosing(
+            &["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+            choices,
+        ));
+        for i in 0..20 {
+            route_turn(&r, &format!("session-{i}"), FIRST_TURN);
+        }
+        let pool = r.pool();
+        let counts: Vec<i64> = pool
+            .backends
+            .iter()
+            .map(|b| b.sessions.load(Ordering::Relaxed))
+            .collect();
+        counts.iter().max().unwrap() - counts.iter().min().unwrap()
+    };
+    assert!(spread(1) >= 3, "plain hashing spread {}", spread(1));
+    assert!(spread(3) <= 2, "choice of three spread {}", spread(3));
+}
+
+/// A session idle past the active window stops counting in its backend's context, and
+/// counts again from its next request; evicting it releases nothing twice.
+#[test]
+fn idle_sessions_stop_counting_as_held() {
+    let pool = pool_of(&["a", "b"], 0.0);
+    let (a, b) = (&pool.backends[0], &pool.backends[1]);
+    let t = SessionTable::new(10, Duration::from_secs(1800));
+    t.put(id_of(&t, "s1"), a, false, Outcome::Hash, 500);
+    t.put(id_of(&t, "s2"), a, false, Outcome::Hash, 300);
+    t.put(id_of(&t, "s1"), b, true, Outcome::Failover, 700);
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 300);
+    assert_eq!(b.active_bytes.load(Ordering::Relaxed), 700);
+    t.set_active_window(Duration::ZERO);
+    let before = Instant::now();
+    while Instant::now() == before {}
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(b.active_bytes.load(Ordering::Relaxed), 0);
+    t.set_active_window(Duration::from_secs(60));
+    t.put(id_of(&t, "s2"), a, false, Outcome::Hash, 400);
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 400);
+    t.set_limits(1, Duration::from_secs(1800));
+    assert_eq!(t.len(), 1);
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 400);
+    assert_eq!(b.active_bytes.load(Ordering::Relaxed), 0);
+    t.set_limits(1, Duration::ZERO);
+    while Instant::now() == before {}
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
