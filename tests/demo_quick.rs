@@ -19,6 +19,7 @@ fn quick_args(dataset: &Path, out: &Path) -> DemoArgs {
         load_factor: 1.25,
         dataset: Some(dataset.to_path_buf()),
         out: out.to_path_buf(),
+        no_progress: true,
     }
 }
 
@@ -79,4 +80,42 @@ async fn quick_demo_shows_affinity_beating_round_robin_and_writes_every_output()
     assert!(svg.contains("<svg") && svg.trim_end().ends_with("</svg>"));
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
     assert!(html.contains("prefix-cache hit rate") && html.contains("<svg"));
+
+    // One time base on the page: the table's rates are the replays' wall-clock rates times the
+    // time scale, and the embedded plot says it is in simulated time; the sweep's own plot,
+    // beside its wall-clock reports, says wall clock.
+    let scale = demo["plan"]["time_scale"].as_f64().unwrap();
+    let wall = parse_json(&out.join("affinity").join("result_summary.json"));
+    let wall_tps = wall["headline"]["system_tps"].as_f64().unwrap();
+    assert!(
+        (affinity.system_tps - wall_tps * scale).abs() <= 1e-6 * wall_tps.max(1.0),
+        "page {} vs wall {wall_tps} x {scale}",
+        affinity.system_tps
+    );
+    assert!(html.contains("Time base: simulated time"));
+    assert!(svg.contains("output tokens/s, simulated time"), "{svg}");
+    let sweep_svg = std::fs::read_to_string(out.join("sweep").join("pareto.svg")).unwrap();
+    assert!(sweep_svg.contains("output tokens/s, wall clock"));
+    // Where a verdict is shown, a failing gate is named with its value and rule.
+    for run in &result.runs {
+        let verdict = run
+            .gates_verdict
+            .as_deref()
+            .expect("the Qwen preset has gates");
+        assert!(
+            verdict == "PASS" || verdict.starts_with("FAIL: ") && verdict.contains(" not "),
+            "{verdict}"
+        );
+        let shown = verdict.replace('>', "&gt;").replace('<', "&lt;");
+        assert!(
+            html.contains(&format!("{} gates: {shown}", run.label)),
+            "{verdict}"
+        );
+    }
+    if !svg.contains("PASS") {
+        assert!(
+            svg.contains("fails: "),
+            "a failing point without its reason: {svg}"
+        );
+    }
 }

@@ -196,6 +196,83 @@ async fn oracle_replay_of_the_public_sample_scores_what_the_oracle_implies() {
     }
 }
 
+// A simulator too small for the requests: the report gives the refusal once with its count
+// and the flag that fixes it, and both failure counts say what they count and agree with
+// result_summary.json.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_refusals_are_reported_by_reason_with_the_fix_and_both_failure_counts_named() {
+    let _serial = SERIAL.lock().await;
+    let mut cfg = sim_config(0.01);
+    cfg.engine.num_gpu_blocks = 2;
+    let (cluster, url, trigger) = start_sim(cfg);
+    let ds = dataset(
+        (0..8)
+            .map(|i| conversation(&format!("k{i}"), 3, &[], "ls"))
+            .collect(),
+    );
+    let out = tempfile::tempdir().unwrap();
+    let before = clock_monotonic_ns();
+    let s = replay::run(config(&url, 4), ds, out.path(), no_shutdown())
+        .await
+        .unwrap();
+    let after = clock_monotonic_ns();
+    trigger.fire();
+    cluster.join().await;
+    assert_eq!(s.turns_ok, 0);
+    let report = std::fs::read_to_string(out.path().join("report.txt")).unwrap();
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("result_summary.json")).unwrap())
+            .unwrap();
+    let reason_line = report
+        .lines()
+        .find(|l| l.contains("KV capacity"))
+        .unwrap_or_else(|| panic!("no KV refusal in:\n{report}"));
+    assert!(
+        reason_line.trim_start().starts_with("8 http_status:"),
+        "one reason for the 8 refused first turns: {reason_line}"
+    );
+    assert!(reason_line.contains("--num-gpu-blocks"), "{reason_line}");
+    let failed = summary["n_samples_failed"].as_u64().unwrap();
+    let all = summary["headline"]["failures"].as_u64().unwrap();
+    assert_eq!(all, 24, "8 refused + 16 aborted");
+    assert!(
+        report.contains(&format!("failures      {all} of 24 turns"))
+            && report.contains(&format!("inside the window {failed} of")),
+        "{report}"
+    );
+    let counts = &summary["failure_counts"];
+    assert_eq!(counts["n_samples_failed"]["count"], failed);
+    assert_eq!(counts["headline.failures"]["count"], all);
+    assert!(counts["n_samples_failed"]["counts"]
+        .as_str()
+        .unwrap()
+        .contains("window"));
+    assert_eq!(counts["top_reasons"][0]["count"], 8);
+
+    // events.jsonl is on CLOCK_MONOTONIC, read here independently of the replayer; the
+    // process-local zero it started from is in result_summary.json.
+    let started = support::replay::events(out.path())[0].clone();
+    assert_eq!(started["event_type"], "session.started");
+    let zero = started["timestamp_ns"].as_u64().unwrap();
+    assert!(
+        before <= zero && zero <= after,
+        "{before} <= {zero} <= {after}"
+    );
+    assert_eq!(summary["clock"]["process_local_zero_monotonic_ns"], zero);
+}
+
+/// `clock_gettime(CLOCK_MONOTONIC)`, what Python's `time.monotonic_ns()` returns.
+fn clock_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 // A 4-point sweep writes pareto.json (points, frontier, placement checks) and pareto.svg with
 // every point labelled by its concurrency; the frontier is the non-dominated set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,6 +322,72 @@ async fn sweep_writes_the_pareto_files() {
     for c in [1, 2, 4, 8] {
         assert!(svg.contains(&format!(">c={c}<")), "label for c={c}");
     }
+    // The mean output length of tracked turns and of all completed turns, side by side, and
+    // which one the gate uses.
+    let c1: Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("c1").join("result_summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(c1["osl_mean"]["tracked"].as_f64().unwrap() > 0.0);
+    assert!(c1["osl_mean"]["all_completed"].as_f64().unwrap() > 0.0);
+    assert!(c1["osl_mean"]["gate_uses"]
+        .as_str()
+        .unwrap()
+        .starts_with("tracked"));
+    assert!(c1["budget_rule"].as_str().unwrap().starts_with("none"));
+    let c1_report = std::fs::read_to_string(out.path().join("c1").join("report.txt")).unwrap();
+    assert!(c1_report.contains("tracked (the gate's)"), "{c1_report}");
+    // No gates in this run: no verdict anywhere, not a PASS beside nothing measured.
+    assert!(points.iter().all(|p| p.verdict.is_none()));
+    assert!(!svg.contains("PASS") && !svg.contains("FAIL"), "{svg}");
+    assert!(
+        svg.contains("output tokens/s, wall clock"),
+        "the axes name their time base"
+    );
+
+    // With gates, a failing point says which gate fails and why, on the chart itself; the
+    // chart's rates and axis labels follow the time base asked for.
+    let gates = [
+        replay::Gate {
+            name: "inline_accuracy",
+            value: Some(0.9),
+            rule: ">= 0.5586".into(),
+            pass: true,
+        },
+        replay::Gate {
+            name: "osl_per_turn_mean",
+            value: Some(24.0),
+            rule: "355-434 tokens".into(),
+            pass: false,
+        },
+    ];
+    let verdict = replay::report::verdict(&gates).unwrap();
+    assert_eq!(
+        verdict,
+        "FAIL: osl_per_turn_mean 24.0000 not 355-434 tokens"
+    );
+    assert_eq!(replay::report::verdict(&gates[..1]).unwrap(), "PASS");
+    assert_eq!(replay::report::verdict(&[]), None);
+    let mut gated = points.clone();
+    for p in &mut gated {
+        p.verdict = Some(verdict.clone());
+    }
+    let simulated = sweep::svg(
+        &gated,
+        sweep::TimeBase {
+            rate_factor: 0.05,
+            label: "simulated time",
+        },
+    );
+    assert!(
+        simulated.contains("c=1 FAIL (osl_per_turn_mean)"),
+        "{simulated}"
+    );
+    assert!(
+        simulated.contains("fails: osl_per_turn_mean 24.0000 not 355-434 tokens"),
+        "{simulated}"
+    );
+    assert!(simulated.contains("output tokens/s, simulated time"));
 }
 
 // The CLI: an unreachable target and a bad config exit non-zero with a message naming the
@@ -307,6 +450,23 @@ async fn cli_exit_codes_name_the_problem() {
     ]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("every turn failed"), "{err}");
+
+    // A run that claims an official config keeps its budget rule: 16 of the sample's 20
+    // trajectories is refused as a configuration error; one pass is not.
+    let official = concat!(env!("CARGO_MANIFEST_DIR"), "/config/replay-qwen.toml");
+    let (code, err) = run(&[
+        "--config",
+        official,
+        "--target",
+        &url,
+        "--num-trajectories",
+        "16",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("num_trajectories") && err.contains("multiple of the dataset's 20"),
+        "{err}"
+    );
     trigger.fire();
     cluster.join().await;
 }

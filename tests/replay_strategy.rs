@@ -713,6 +713,25 @@ fn shipped_configs_parse_and_validate() {
         assert!(
             cfg.enable_salt && cfg.inject_tool_delay && !cfg.stop_issuing_on_first_user_complete
         );
+        // The official configs claim the official budget rule: a multiple of the file's count.
+        assert!(cfg.official_rules, "{name}");
+        assert_eq!(
+            cfg.check_budget(613).unwrap(),
+            613,
+            "one pass over the 613-set"
+        );
+        cfg.num_trajectories = Some(16);
+        let e = cfg.check_budget(990).unwrap_err().to_string();
+        assert!(
+            e.starts_with("num_trajectories:") && e.contains("990"),
+            "{e}"
+        );
+        cfg.num_trajectories = Some(1980);
+        assert_eq!(cfg.check_budget(990).unwrap(), 1980);
+        assert!(cfg.budget_rule(990).starts_with("official"));
+        cfg.official_rules = false;
+        cfg.num_trajectories = Some(16);
+        assert_eq!(cfg.check_budget(990).unwrap(), 16, "no claim, no rule");
     }
 }
 

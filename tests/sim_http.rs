@@ -248,11 +248,26 @@ async fn bad_requests_get_openai_style_400s_and_unknown_fields_are_ignored() {
     let small = Sim::start(cfg, 1);
     let r = chat(small.addr(0), &stream_body(long_messages("big", 400), 4)).await;
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("KV capacity"));
+    // The refusal names the flag that fixes it, with a size that would hold this request.
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("KV capacity"), "{message}");
+    let needed: usize = message
+        .split("--num-gpu-blocks ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no --num-gpu-blocks size in {message:?}"));
+    assert!(needed > 8, "{message}");
     small.stop().await;
+    let mut cfg = test_config();
+    cfg.engine.num_gpu_blocks = needed;
+    let sized = Sim::start(cfg, 1);
+    let r = chat(sized.addr(0), &stream_body(long_messages("big", 400), 4)).await;
+    assert_eq!(
+        r.status, 200,
+        "the size the message named must hold the request"
+    );
+    sized.stop().await;
     sim.stop().await;
 }
 

@@ -16,7 +16,8 @@ pub enum DatasetCommand {
     Validate {
         /// The JSONL file (`.jsonl` or `.jsonl.zst`).
         path: PathBuf,
-        /// Stop listing errors after this many.
+        /// List at most this many broken rules; the check still reads the whole file, exits 1
+        /// when any rule is broken, and says how many more it did not list.
         #[arg(long, default_value_t = 100)]
         max_errors: usize,
         /// A longer line stops the check at once, naming the line.
@@ -39,18 +40,23 @@ pub enum DatasetCommand {
         /// Output file; zstd-compressed when it ends in `.zst`.
         #[arg(long, default_value = STANDARD_SET_PATH)]
         out: PathBuf,
-        /// Seed; the same seed gives the same bytes.
+        /// Seed of every random draw; the same seed and counts give the same bytes, so a
+        /// set is named by its seed (the default gives the standard set's SHA-256).
         #[arg(long, default_value_t = DEFAULT_SEED)]
         seed: u64,
-        /// Number of coding trajectories.
+        /// Number of agentic-coding trajectories (bash tool calls, scored by command
+        /// Jaccard); the standard set has 490.
         #[arg(long, default_value_t = 490)]
         coding: usize,
-        /// Number of workflow trajectories.
+        /// Number of agentic-workflow trajectories (ids `sim_<n>`, scored by intent code);
+        /// the standard set has 500.
         #[arg(long, default_value_t = 500)]
         workflow: usize,
     },
-    /// Turn the reference's snapshot JSONL (one full `messages` array per line, the last
-    /// snapshot of a conversation wins) into flat dataset rows.
+    /// Turn the reference's snapshot JSONL into flat dataset rows. Each input line is
+    /// `{"conversation_id": "...", "messages": [OpenAI chat messages], "tools": [...]}`
+    /// (`tools` optional), the whole history so far; the last snapshot of a conversation
+    /// wins, and lines with a `_type` key (sentinels) are skipped.
     ConvertSnapshot {
         /// The snapshot file (`.jsonl` or `.jsonl.zst`).
         input: PathBuf,

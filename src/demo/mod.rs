@@ -52,9 +52,14 @@ pub struct DemoArgs {
     /// MLPerf agentic dataset to draw from [default: the standard set, generated on first use].
     #[arg(long)]
     pub dataset: Option<PathBuf>,
-    /// Parent directory of the `demo-<timestamp>` output directory.
+    /// Parent directory of the `demo-<timestamp>` output directory: every run writes a new
+    /// `demo-YYYYmmdd-HHMMSS/` in it (index.html, demo.json, each replay's outputs).
     #[arg(long, default_value = "runs")]
     pub out: PathBuf,
+    /// No progress bars or sweep progress lines on stderr (they are off anyway when stderr
+    /// is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// Settings after defaults are applied.
@@ -70,6 +75,7 @@ struct Plan {
     load_factor: f64,
     oracle_accuracy: f64,
     dataset: String,
+    progress: bool,
 }
 
 impl Plan {
@@ -95,6 +101,7 @@ impl Plan {
             load_factor: args.load_factor,
             oracle_accuracy: 0.9,
             dataset: String::new(),
+            progress: !args.no_progress,
         };
         if plan.replicas < 2 {
             anyhow::bail!("--replicas: must be at least 2, got {}", plan.replicas);
@@ -145,8 +152,12 @@ pub struct PolicyRun {
     pub user_tps_median: f64,
     /// Inline accuracy.
     pub accuracy: Option<f64>,
-    /// Schedule lag p99 in real microseconds.
-    pub schedule_lag_p99_us: f64,
+    /// Schedule lag p99 in simulated milliseconds (the replayer's real lateness divided by
+    /// the time scale, like every other duration of the run).
+    pub schedule_lag_p99_ms: f64,
+    /// The gates' verdict (`PASS`, or `FAIL` with the failing gates' values and rules);
+    /// `None` when the run had no gates.
+    pub gates_verdict: Option<String>,
     /// Failed or aborted turns.
     pub failures: u64,
     /// Turns completed.
@@ -239,10 +250,16 @@ pub async fn run_into(args: &DemoArgs, out: &Path) -> anyhow::Result<DemoResult>
         );
         Some(sweep(&plan, &subset, &oracle, &out.join("sweep")).await?)
     };
+    // The page's plot in the page's time base; sweep/pareto.svg keeps the wall clock of the
+    // sweep's own reports.
     let svg_copy = match &pareto_svg {
-        Some(svg) => {
+        Some(points) => {
             let dst = out.join("pareto.svg");
-            std::fs::copy(svg, &dst).with_context(|| format!("cannot write {}", dst.display()))?;
+            let base = replay::sweep::TimeBase {
+                rate_factor: plan.time_scale,
+                label: "simulated time",
+            };
+            write(&dst, replay::sweep::svg(points, base).as_bytes())?;
             Some(dst)
         }
         None => None,
@@ -263,6 +280,7 @@ pub async fn run_into(args: &DemoArgs, out: &Path) -> anyhow::Result<DemoResult>
         page::html(
             &result.runs,
             &serde_json::to_string_pretty(&plan)?,
+            plan.time_scale,
             svg_text.as_deref(),
         )
         .as_bytes(),
@@ -372,7 +390,7 @@ fn replay_config(plan: &Plan, target: SocketAddr, concurrency: usize) -> ReplayC
         model: Some("qwen3.6-35b-a3b".into()),
         concurrency,
         time_scale: plan.time_scale,
-        progress: true,
+        progress: plan.progress,
         ..ReplayConfig::default()
     }
 }
@@ -474,7 +492,8 @@ fn policy_run(
         user_tps_min: s.user_tps_min * k,
         user_tps_median: s.user_tps_median * k,
         accuracy: s.accuracy,
-        schedule_lag_p99_us: s.schedule_lag_p99_us,
+        schedule_lag_p99_ms: s.schedule_lag_p99_us / 1000.0 / k,
+        gates_verdict: replay::report::verdict(&s.gates),
         failures: s.failures,
         turns_ok: s.turns_ok,
         preemptions: replicas.iter().map(|r| r.preemptions).sum(),
@@ -488,18 +507,16 @@ async fn sweep(
     dataset: &Arc<Dataset>,
     oracle: &Arc<Oracle>,
     dir: &Path,
-) -> anyhow::Result<PathBuf> {
+) -> anyhow::Result<Vec<replay::sweep::Point>> {
     let stack = Stack::start(plan, Policy::Session, oracle, dir).await?;
     let (_never, replay_shutdown) = shutdown::channel();
     let mut base = replay_config(plan, stack.proxy.addr, 1);
-    base.progress = false;
     // Each point measures a fixed stretch rather than a whole pass: at concurrency 1 a pass
     // would replay every trajectory one after another.
     base.max_duration_s = plan.sweep_point_s;
     let points = replay::sweep::run(base, &plan.sweep, dataset.clone(), dir, replay_shutdown).await;
     stack.stop().await;
-    points.context("the sweep failed")?;
-    Ok(dir.join("pareto.svg"))
+    points.context("the sweep failed")
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for output directory names that sort by time.

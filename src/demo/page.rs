@@ -74,8 +74,8 @@ fn rows() -> Vec<Row> {
         Row {
             name: "schedule lag p99",
             better: "lower",
-            value: |r| Some(r.schedule_lag_p99_us),
-            format: |v| format!("{v:.0} µs"),
+            value: |r| Some(r.schedule_lag_p99_ms),
+            format: |v| format!("{v:.2} ms"),
         },
         Row {
             name: "preemptions",
@@ -136,8 +136,14 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// `index.html`: the table, the Pareto plot inline, and the plan.
-pub fn html(runs: &[PolicyRun], plan_json: &str, pareto_svg: Option<&str>) -> String {
+/// `index.html`: the table, each run's gate verdict, the Pareto plot inline, and the plan;
+/// every figure in simulated time.
+pub fn html(
+    runs: &[PolicyRun],
+    plan_json: &str,
+    time_scale: f64,
+    pareto_svg: Option<&str>,
+) -> String {
     let mut s = String::from(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>agentrace demo</title>\n\
          <style>body{font-family:system-ui,sans-serif;margin:2em;max-width:60em}\
@@ -145,7 +151,16 @@ pub fn html(runs: &[PolicyRun], plan_json: &str, pareto_svg: Option<&str>) -> St
          td:first-child,th:first-child{text-align:left}pre{background:#f6f6f6;padding:1em}</style></head><body>\n\
          <h1>agentrace demo: session affinity vs round-robin</h1>\n\
          <p>The same agentic trajectories replayed through the agentrace proxy in front of simulated \
-         replicas whose KV cache cannot hold every session. Durations and rates are in simulated time.</p>\n<table>\n<tr><th>metric</th>",
+         replicas whose KV cache cannot hold every session.</p>\n",
+    );
+    let _ = write!(
+        s,
+        "<p><b>Time base: simulated time</b>, for every figure on this page (the table and the \
+         plot). The simulator runs {time_scale} real seconds per simulated second; the replayer \
+         measures real time, so its durations are divided by {time_scale} and its rates \
+         multiplied by it here. Each replay's own <code>report.txt</code> and \
+         <code>result_summary.json</code> (linked below) stay in wall-clock time.</p>\n\
+         <table>\n<tr><th>metric (simulated time)</th>"
     );
     for run in runs {
         let _ = write!(s, "<th>{}</th>", escape(&run.label));
@@ -160,8 +175,20 @@ pub fn html(runs: &[PolicyRun], plan_json: &str, pareto_svg: Option<&str>) -> St
         let _ = writeln!(s, "<td>{r}</td><td>{}</td></tr>", row.better);
     }
     s.push_str("</table>\n");
+    for run in runs {
+        let _ = writeln!(
+            s,
+            "<p>{} gates: {}</p>",
+            escape(&run.label),
+            escape(
+                run.gates_verdict
+                    .as_deref()
+                    .unwrap_or("none (no gates for this run)")
+            )
+        );
+    }
     if let Some(svg) = pareto_svg {
-        s.push_str("<h2>Pareto sweep (affinity)</h2>\n");
+        s.push_str("<h2>Pareto sweep (affinity, simulated time)</h2>\n");
         s.push_str(
             svg.trim_start_matches(|c| c != '<')
                 .trim_start_matches("<?xml version=\"1.0\" encoding=\"UTF-8\"?>"),

@@ -31,14 +31,15 @@ pub struct RunFlags {
     /// Model preset (qwen3.6-35b-a3b, kimi-k3).
     #[arg(long)]
     pub model: Option<String>,
-    /// The `model` sent in every request (overrides the preset's): the name the server
-    /// lists at `/v1/models`.
+    /// The `model` field of every request, overriding the preset's: use the name the
+    /// server lists at `/v1/models` (a server serving another name answers 404 or 400).
     #[arg(long)]
     pub model_name: Option<String>,
     /// Trajectory budget (default: one pass over the dataset).
     #[arg(long)]
     pub num_trajectories: Option<u64>,
-    /// Trajectories run first, to warm the server's caches, and left out of every result.
+    /// Trajectories run first, to warm the server's caches, and left out of every result
+    /// and of events.jsonl (0 = none).
     #[arg(long)]
     pub warmup: Option<u64>,
     /// Salting on or off.
@@ -50,8 +51,8 @@ pub struct RunFlags {
     /// Multiply delays (2.0 = twice as slow).
     #[arg(long)]
     pub time_scale: Option<f64>,
-    /// A turn not complete this many seconds after it was sent is cancelled on the server
-    /// and fails; the rest of its trajectory is aborted.
+    /// Seconds: a turn not complete this long after it was sent is cancelled on the server
+    /// and fails as `timeout`; the rest of its trajectory is aborted (synthetic records).
     #[arg(long)]
     pub turn_timeout: Option<f64>,
     /// Largest response held for one turn, in bytes; a larger one fails the turn.
@@ -69,7 +70,8 @@ pub struct RunFlags {
     #[arg(long)]
     pub precise_pacing: Option<bool>,
     /// Header carrying the conversation id on every request, for a router's session affinity
-    /// (repeatable; replaces the config's list).
+    /// (repeatable; replaces the config's list, default X-Session-ID; the agentrace proxy
+    /// reads x-session-id).
     #[arg(long = "routing-header")]
     pub routing_headers: Vec<String>,
     /// Environment variable holding the API key.
@@ -81,10 +83,15 @@ pub struct RunFlags {
     /// Log every streamed chunk (`sample.recv_non_first`).
     #[arg(long)]
     pub log_chunks: bool,
+    /// The run follows an official run config: the trajectory budget must be a positive
+    /// multiple of the dataset's trajectory count (the official TOMLs turn it on).
+    #[arg(long)]
+    pub official_rules: Option<bool>,
     /// Cap on the performance phase in seconds.
     #[arg(long)]
     pub max_duration: Option<f64>,
-    /// No live progress line on stderr (for logs and CI).
+    /// No live progress line on stderr, nor the sweep's line per point (both are off anyway
+    /// when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
     /// Exit non-zero when a gate fails.
@@ -108,7 +115,8 @@ pub struct ReplayArgs {
     /// With `--timing recorded`: 2.0 replays twice as fast as recorded.
     #[arg(long, default_value_t = 1.0, requires = "captures")]
     pub speed: f64,
-    /// With `--captures`: only this session key (repeatable).
+    /// With `--captures`: replay only the exchanges of this session key, as `capture ls`
+    /// lists them (repeatable; default every session).
     #[arg(long = "session", requires = "captures")]
     pub sessions: Vec<String>,
     #[command(flatten)]
@@ -183,6 +191,7 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
         c.log_chunks = true;
     }
     set!(max_duration_s, flags.max_duration);
+    set!(official_rules, flags.official_rules);
     c.progress = !flags.no_progress;
     Ok(c)
 }
@@ -218,6 +227,18 @@ fn prepare(flags: &RunFlags, concurrency: Option<usize>) -> Result<ReplayConfig,
     Ok(config)
 }
 
+/// A budget the official rule refuses is a configuration error (exit 2), found before any
+/// connection is opened.
+fn check_budget(config: &ReplayConfig, dataset: &Dataset) -> Result<(), ExitCode> {
+    config
+        .check_budget(dataset.conversations.len() as u64)
+        .map(drop)
+        .map_err(|e| {
+            eprintln!("error: invalid configuration: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        })
+}
+
 /// Runs one replay.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if let Some(captures) = &args.captures {
@@ -230,6 +251,9 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     // Before the standard set is generated (seconds, 19 MB) for a target that is not there.
     super::connect_to_target(&config).await?;
     let dataset = load_dataset(&config)?;
+    if let Err(code) = check_budget(&config, &dataset) {
+        return Ok(code);
+    }
     let (trigger, shutdown) = crate::shutdown::channel();
     tokio::spawn(async move {
         crate::shutdown::signal().await;
@@ -326,6 +350,9 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
     let dataset = load_dataset(&config)?;
+    if let Err(code) = check_budget(&config, &dataset) {
+        return Ok(code);
+    }
     let (trigger, shutdown) = crate::shutdown::channel();
     tokio::spawn(async move {
         crate::shutdown::signal().await;
@@ -342,7 +369,7 @@ pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
             p.e2e_interactivity,
             p.accuracy.map_or("-".into(), |a| format!("{a:.4}")),
             if p.on_frontier { "yes" } else { "" },
-            if p.gates_pass { "PASS" } else { "FAIL" }
+            p.verdict.as_deref().unwrap_or("- (no gates)")
         );
     }
     println!("wrote {}", args.run.out.join("pareto.svg").display());

@@ -110,6 +110,9 @@ pub struct ReplayConfig {
     pub accuracy_threshold: Option<f64>,
     /// OSL per-turn mean band `[low, high]`; the preset's band when absent.
     pub osl_band: Option<[f64; 2]>,
+    /// The run claims to follow an official run config: the budget must then be a positive
+    /// multiple of the dataset's trajectory count (the official configs set it).
+    pub official_rules: bool,
     /// Live progress line on stderr.
     pub progress: bool,
 }
@@ -142,6 +145,7 @@ impl Default for ReplayConfig {
             precise_pacing: true,
             accuracy_threshold: None,
             osl_band: None,
+            official_rules: false,
             progress: false,
         }
     }
@@ -201,6 +205,38 @@ impl ReplayConfig {
         let accuracy = self.accuracy_threshold.or(preset.map(|g| g.accuracy))?;
         let osl_band = self.osl_band.or(preset.map(|g| g.osl_band))?;
         Some(Gates { accuracy, osl_band })
+    }
+
+    /// The trajectory budget of a run over `trajectories` conversations, checked against the
+    /// official rule when `official_rules` is on.
+    pub fn check_budget(&self, trajectories: u64) -> Result<u64, ConfigError> {
+        let budget = self.num_trajectories.unwrap_or(trajectories);
+        if self.official_rules && (trajectories == 0 || budget % trajectories != 0) {
+            return Err(ConfigError::Invalid {
+                field: "num_trajectories",
+                message: format!(
+                    "official_rules requires a positive multiple of the dataset's {trajectories} \
+                     trajectories, got {budget} (set official_rules = false for a shorter run)"
+                ),
+            });
+        }
+        Ok(budget)
+    }
+
+    /// Which budget rule applied, in words, for `result_summary.json`.
+    pub fn budget_rule(&self, trajectories: u64) -> String {
+        let budget = self.num_trajectories.unwrap_or(trajectories);
+        if self.official_rules {
+            format!(
+                "official (official_rules = true): the budget must be a positive multiple of the \
+                 dataset's {trajectories} trajectories; {budget} is"
+            )
+        } else {
+            format!(
+                "none (official_rules = false): any budget is accepted; {budget} trajectories \
+                 over a dataset of {trajectories}"
+            )
+        }
     }
 
     /// Checks every field; messages name the field and the value.

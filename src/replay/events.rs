@@ -47,6 +47,24 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     h ^ (h >> 29)
 }
 
+/// The system monotonic clock (`CLOCK_MONOTONIC`, what Python's `time.monotonic_ns()` reads)
+/// at `at`, in ns. The standard library keeps the reading private; on Linux its debug form
+/// shows it (`Instant { tv_sec: S, tv_nsec: N }`), elsewhere this is `None`.
+pub fn monotonic_ns(at: std::time::Instant) -> Option<u64> {
+    let text = format!("{at:?}");
+    let field = |name: &str| -> Option<u64> {
+        let rest = text.split(&format!("{name}: ")).nth(1)?;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let (sec, nsec) = (field("tv_sec")?, field("tv_nsec")?);
+    (cfg!(target_os = "linux") && nsec < 1_000_000_000)
+        .then(|| sec.checked_mul(1_000_000_000)?.checked_add(nsec))
+        .flatten()
+}
+
 /// One line of `events.jsonl`.
 #[derive(Debug)]
 pub enum Record {
@@ -178,8 +196,13 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// Creates `path` and starts the writer.
-    pub fn start(path: &Path, prompts: LogPrompts) -> Result<(Self, EventSink), EventsError> {
+    /// Creates `path` and starts the writer; `zero` is added to every timestamp (the
+    /// system monotonic clock at the run's process-local 0, or 0 to keep it local).
+    pub fn start(
+        path: &Path,
+        prompts: LogPrompts,
+        zero: u64,
+    ) -> Result<(Self, EventSink), EventsError> {
         let file = std::fs::File::create(path).map_err(|source| EventsError::Io {
             path: path.display().to_string(),
             source,
@@ -194,7 +217,7 @@ impl EventWriter {
                 let mut line = Vec::with_capacity(4096);
                 while let Some(record) = rx.blocking_recv() {
                     line.clear();
-                    encode(&record, prompts, &mut line);
+                    encode_at(&record, prompts, zero, &mut line);
                     line.push(b'\n');
                     out.write_all(&line).map_err(|source| EventsError::Io {
                         path: display.clone(),
@@ -261,9 +284,15 @@ fn head(out: &mut Vec<u8>, event_type: &str, ts: u64, uuid: &str, conv: &str, tu
 
 /// Serialises one record exactly in the reference's key order.
 pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
+    encode_at(record, prompts, 0, out);
+}
+
+/// [`encode`] with every `timestamp_ns` moved by `zero`: the clock reading at the run's
+/// process-local 0, so that the file is on the system monotonic clock.
+pub fn encode_at(record: &Record, prompts: LogPrompts, zero: u64, out: &mut Vec<u8>) {
     match record {
         Record::Session { name, ts } => {
-            head(out, &format!("session.{name}"), *ts, "", "", None);
+            head(out, &format!("session.{name}"), *ts + zero, "", "", None);
             out.extend_from_slice(b"null}");
         }
         Record::Issued {
@@ -276,7 +305,7 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
             head(
                 out,
                 "sample.issued",
-                *ts,
+                *ts + zero,
                 &uuid.to_string(),
                 conv,
                 Some(*turn),
@@ -339,7 +368,7 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
             } else {
                 "sample.recv_non_first"
             };
-            head(out, name, *ts, &uuid.to_string(), conv, Some(*turn));
+            head(out, name, *ts + zero, &uuid.to_string(), conv, Some(*turn));
             out.extend_from_slice(b"null}");
         }
         Record::Complete {
@@ -354,7 +383,7 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
             head(
                 out,
                 "sample.complete",
-                *ts,
+                *ts + zero,
                 &uuid.to_string(),
                 conv,
                 Some(*turn),
@@ -385,7 +414,7 @@ pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
             head(
                 out,
                 "error.generic",
-                *ts,
+                *ts + zero,
                 &uuid.to_string(),
                 conv,
                 Some(*turn),

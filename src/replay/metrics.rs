@@ -233,12 +233,13 @@ impl Failures {
 }
 
 /// How many failed turns gave one reason (the error message, cut to
-/// [`FailureReasons::MAX_REASON_CHARS`]).
+/// [`FailureReasons::MAX_REASON_CHARS`]). Messages that differ only in their numbers (token
+/// counts, ids) are one reason, shown by its first message.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct FailureReason {
     /// The failure kind.
     pub kind: TurnKind,
-    /// The error message.
+    /// The first error message of this reason.
     pub reason: String,
     /// Turns that failed with it.
     pub count: u64,
@@ -248,9 +249,29 @@ pub struct FailureReason {
 /// reasons, further ones are only counted in `other`.
 #[derive(Debug, Clone, Default)]
 pub struct FailureReasons {
-    counts: BTreeMap<(TurnKind, String), u64>,
+    /// (kind, message with digit runs as `#`) → (first message, count).
+    counts: BTreeMap<(TurnKind, String), (String, u64)>,
     /// Failures whose reason was not kept.
     pub other: u64,
+}
+
+/// The message with every run of digits replaced by `#`: a server that names the size of each
+/// refused request gives one reason, not one per request.
+fn reason_shape(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len());
+    let mut in_digits = false;
+    for c in reason.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('#');
+            }
+            in_digits = true;
+        } else {
+            out.push(c);
+            in_digits = false;
+        }
+    }
+    out
 }
 
 impl FailureReasons {
@@ -265,14 +286,14 @@ impl FailureReasons {
             Some((cut, _)) => format!("{}…", &reason[..cut]),
             None => reason.to_string(),
         };
-        self.count((kind, reason), 1);
+        self.count((kind, reason_shape(&reason)), reason, 1);
     }
 
-    fn count(&mut self, key: (TurnKind, String), n: u64) {
-        if let Some(c) = self.counts.get_mut(&key) {
+    fn count(&mut self, key: (TurnKind, String), example: String, n: u64) {
+        if let Some((_, c)) = self.counts.get_mut(&key) {
             *c += n;
         } else if self.counts.len() < Self::MAX_REASONS {
-            self.counts.insert(key, n);
+            self.counts.insert(key, (example, n));
         } else {
             self.other += n;
         }
@@ -281,8 +302,8 @@ impl FailureReasons {
     /// Adds another set's counts.
     pub fn merge(&mut self, other: FailureReasons) {
         self.other += other.other;
-        for (key, n) in other.counts {
-            self.count(key, n);
+        for (key, (example, n)) in other.counts {
+            self.count(key, example, n);
         }
     }
 
@@ -291,10 +312,10 @@ impl FailureReasons {
         let mut out: Vec<FailureReason> = self
             .counts
             .iter()
-            .map(|((kind, reason), &count)| FailureReason {
+            .map(|((kind, _), (example, count))| FailureReason {
                 kind: *kind,
-                reason: reason.clone(),
-                count,
+                reason: example.clone(),
+                count: *count,
             })
             .collect();
         out.sort_by_key(|r| std::cmp::Reverse(r.count));
@@ -362,6 +383,10 @@ pub struct Metrics {
     pub latency_from_intended: Option<Series>,
     /// Output tokens per turn.
     pub output_sequence_lengths: Option<Series>,
+    /// Mean output tokens per turn over every turn that completed with a 200, inside the
+    /// window or after it: the tail turns finish after the window and are longer on average,
+    /// so this mean sits beside the tracked one (the gate uses the tracked one).
+    pub osl_mean_all_completed: Option<f64>,
     /// Prompt tokens per turn.
     pub input_sequence_lengths: Option<Series>,
     /// Send − deadline (ns), every sent turn.
@@ -510,6 +535,14 @@ pub fn compute(w: &Window<'_>) -> Metrics {
         ns(&|t| Some(t.complete_ns.saturating_sub(t.intended_ns.min(t.issued_ns)) as f64));
     m.output_sequence_lengths = ns(&|t| Some(t.output_tokens as f64));
     m.input_sequence_lengths = ns(&|t| Some(t.prompt_tokens as f64));
+    let completed: Vec<u64> = w
+        .turns
+        .iter()
+        .filter(|t| t.kind == TurnKind::Ok)
+        .map(|t| t.output_tokens)
+        .collect();
+    m.osl_mean_all_completed = (!completed.is_empty())
+        .then(|| completed.iter().sum::<u64>() as f64 / completed.len() as f64);
     m.schedule_lag = Series::of(w.lags_ns.iter().map(|v| v.0 as f64).collect());
     m.schedule_lag_delayed = Series::of(
         w.lags_ns
@@ -624,5 +657,25 @@ mod tests {
         assert_eq!(s.median, 5.5);
         assert_eq!(s.histogram.counts.iter().sum::<u64>(), 10);
         assert!((s.std_dev - 3.0276503540974917).abs() < 1e-12);
+    }
+
+    #[test]
+    fn messages_differing_only_in_numbers_are_one_reason_shown_by_the_first() {
+        let mut r = FailureReasons::default();
+        for tokens in [91_000, 120_500, 194_002] {
+            r.add(
+                TurnKind::HttpStatus,
+                &format!("HTTP 400: exceeds the KV capacity of 80000 tokens; prompt {tokens}"),
+            );
+        }
+        r.add(TurnKind::HttpStatus, "HTTP 503: overloaded");
+        let ranked = r.ranked();
+        assert_eq!(ranked.len(), 2, "{ranked:?}");
+        assert_eq!(ranked[0].count, 3);
+        assert!(ranked[0].reason.ends_with("prompt 91000"), "{ranked:?}");
+        assert_eq!(
+            (ranked[1].count, ranked[1].reason.as_str()),
+            (1, "HTTP 503: overloaded")
+        );
     }
 }

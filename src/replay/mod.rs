@@ -182,6 +182,7 @@ pub async fn run(
     if dataset.conversations.is_empty() {
         return Err(dataset_err("has no conversations".into()));
     }
+    config.check_budget(dataset.conversations.len() as u64)?;
     if config.enable_salt {
         dataset
             .check_salt_preflight()
@@ -198,14 +199,17 @@ pub async fn run(
     let params = config.resolved_model_params();
     let builder = RequestBuilder::new(params, config.include_usage);
     let n = dataset.conversations.len() as u64;
-    let budget = config.num_trajectories.unwrap_or(n);
+    let budget = config.check_budget(n)?;
     let epoch = Instant::now();
     let wall_anchor_unix_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let progress = Arc::new(Progress::default());
     let events_path = out_dir.join("events.jsonl");
-    let (writer, sink) = EventWriter::start(&events_path, config.log_prompts)
+    // events.jsonl is on the system monotonic clock; its process-local 0 (every figure's
+    // origin) is kept in result_summary.json.
+    let clock_zero_ns = events::monotonic_ns(epoch.into_std()).unwrap_or(0);
+    let (writer, sink) = EventWriter::start(&events_path, config.log_prompts, clock_zero_ns)
         .map_err(|e| out_err(&events_path, &e))?;
 
     let ticker = config.progress.then(|| {
@@ -309,6 +313,7 @@ pub async fn run(
         summary: &summary,
         scores: &scores,
         wall_anchor_unix_ns,
+        clock_zero_monotonic_ns: clock_zero_ns,
         event_lines: lines,
     });
     write_json(&summary_path, &doc)?;

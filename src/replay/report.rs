@@ -47,6 +47,31 @@ pub fn gates(config: &ReplayConfig, m: &Metrics, scores: &Scores) -> Vec<Gate> {
     ]
 }
 
+/// The gates' verdict where a person reads it: `None` without gates (nothing to pass),
+/// `PASS`, or `FAIL` with each failing gate's value against its rule.
+pub fn verdict(gates: &[Gate]) -> Option<String> {
+    if gates.is_empty() {
+        return None;
+    }
+    let failing: Vec<String> = gates
+        .iter()
+        .filter(|g| !g.pass)
+        .map(|g| {
+            format!(
+                "{} {} not {}",
+                g.name,
+                g.value.map_or("-".into(), |v| format!("{v:.4}")),
+                g.rule
+            )
+        })
+        .collect();
+    Some(if failing.is_empty() {
+        "PASS".into()
+    } else {
+        format!("FAIL: {}", failing.join("; "))
+    })
+}
+
 fn ms(s: &Option<Series>, key: &str) -> f64 {
     s.as_ref().map_or(f64::NAN, |s| {
         if key == "median" {
@@ -125,6 +150,9 @@ pub struct SummaryInputs<'a> {
     pub scores: &'a Scores,
     /// `unix_ns` at the events' `timestamp_ns` 0.
     pub wall_anchor_unix_ns: u64,
+    /// The system monotonic clock at the process-local 0, added to every `timestamp_ns` of
+    /// `events.jsonl` (0 where the clock cannot be read: the file then stays process-local).
+    pub clock_zero_monotonic_ns: u64,
     /// Lines in `events.jsonl`.
     pub event_lines: u64,
 }
@@ -146,6 +174,18 @@ pub fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
         "n_samples_issued": m.turns.tracked_issued,
         "n_samples_completed": m.turns.tracked_ok,
         "n_samples_failed": m.turns.tracked_issued - m.turns.tracked_ok,
+        // The two failure counts of this file, each with what it counts (report.txt shows both).
+        "failure_counts": {
+            "n_samples_failed": {
+                "count": m.turns.tracked_issued - m.turns.tracked_ok,
+                "counts": "turns issued inside the performance window that did not complete with a 200, aborted ones included",
+            },
+            "headline.failures": {
+                "count": m.failures.total(),
+                "counts": "every failed or aborted turn of the run, inside the window or after it (by kind: headline.failures_by_kind)",
+            },
+            "top_reasons": m.failure_reasons.iter().take(5).collect::<Vec<_>>(),
+        },
         "duration_ns": m.tracked_duration_ns,
         "state": if i.summary.complete { "complete" } else { "interrupted" },
         "complete": i.summary.complete,
@@ -153,6 +193,12 @@ pub fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
         "tpot": m.tpot,
         "latency": m.latency,
         "output_sequence_lengths": m.output_sequence_lengths,
+        "osl_mean": {
+            "tracked": m.output_sequence_lengths.as_ref().map(|s| s.avg),
+            "all_completed": m.osl_mean_all_completed,
+            "gate_uses": "tracked: turns issued inside the performance window (reference §18); all_completed adds the tail turns that finished after it",
+        },
+        "budget_rule": i.config.budget_rule(i.dataset.conversations.len() as u64),
         "input_sequence_lengths": m.input_sequence_lengths,
         "qps": m.qps,
         "tps": m.system_tps,
@@ -164,7 +210,13 @@ pub fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
             "sha256": i.dataset.sha256,
             "conversations": i.dataset.conversations.len(),
         },
-        "clock": {"timestamp_ns_zero_unix_ns": i.wall_anchor_unix_ns, "source": "monotonic"},
+        "clock": {
+            "events_timestamp_ns": if i.clock_zero_monotonic_ns > 0 { "CLOCK_MONOTONIC (the system monotonic clock, as Python's time.monotonic_ns())" } else { "process-local (0 = session.started)" },
+            "process_local_zero_monotonic_ns": i.clock_zero_monotonic_ns,
+            "process_local_zero_unix_ns": i.wall_anchor_unix_ns,
+            "timestamp_ns_zero_unix_ns": i.wall_anchor_unix_ns,
+            "note": "every duration here is measured from the process-local zero: an event's timestamp_ns minus process_local_zero_monotonic_ns",
+        },
         "token_counts": if m.tokens_from_usage { "server usage" } else { "estimated (4 chars per token) where the server sent no usage" },
         "headline": i.summary,
         "metrics": m,
@@ -255,8 +307,9 @@ pub fn report_text(
     if let (Some(osl), Some(isl)) = (&m.output_sequence_lengths, &m.input_sequence_lengths) {
         let _ = writeln!(
             o,
-            "OSL mean {}  ISL mean {}{est}  prefix-cache hits {}",
+            "OSL mean {} tracked (the gate's), {} all completed turns  ISL mean {}{est}  prefix-cache hits {}",
             f(osl.avg, 1),
+            m.osl_mean_all_completed.map_or("-".into(), |v| f(v, 1)),
             f(isl.avg, 1),
             m.cached_token_ratio
                 .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
@@ -290,16 +343,22 @@ pub fn report_text(
         m.trajectories_started,
         m.trajectories_completed
     );
+    // Two scopes, both named: every turn of the run here, the window's turns in
+    // result_summary.json's n_samples_failed.
     let _ = writeln!(
         o,
-        "failures      {} (http {} transport {} bad {} timeout {} aborted {} interrupted {})",
+        "failures      {} of {} turns (http {} transport {} bad {} timeout {} aborted {} interrupted {}); \
+         inside the window {} of {} (n_samples_failed)",
         fl.total(),
+        m.turns.issued,
         fl.http_status,
         fl.transport,
         fl.bad_response,
         fl.timeout,
         fl.aborted,
-        fl.interrupted
+        fl.interrupted,
+        m.turns.tracked_issued - m.turns.tracked_ok,
+        m.turns.tracked_issued
     );
     const SHOWN: usize = 5;
     for r in m.failure_reasons.iter().take(SHOWN) {

@@ -25,8 +25,10 @@ pub struct Point {
     pub on_frontier: bool,
     /// Inline accuracy.
     pub accuracy: Option<f64>,
-    /// Every gate of this point passed.
+    /// Every gate of this point passed (true when there are none).
     pub gates_pass: bool,
+    /// `PASS`, or `FAIL` with the failing gates' values and rules; `None` without gates.
+    pub verdict: Option<String>,
     /// The whole headline of the point's replay.
     pub summary: ReplaySummary,
 }
@@ -126,10 +128,22 @@ pub async fn run(
     out_dir: &Path,
     shutdown: Shutdown,
 ) -> Result<Vec<Point>, ReplayError> {
+    use std::io::IsTerminal as _;
+    // One line per point on stderr, as the replay's progress bar: on a terminal, unless off.
+    let progress = base.progress && std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
     let mut points = Vec::new();
-    for &c in concurrencies {
+    for (i, &c) in concurrencies.iter().enumerate() {
         if shutdown.is_fired() {
             break;
+        }
+        if progress {
+            eprintln!(
+                "sweep: point {}/{} (concurrency {c}) starting, {:.0} s elapsed",
+                i + 1,
+                concurrencies.len(),
+                started.elapsed().as_secs_f64()
+            );
         }
         let mut cfg = base.clone();
         cfg.concurrency = c;
@@ -140,6 +154,18 @@ pub async fn run(
             shutdown.clone(),
         )
         .await?;
+        let verdict = super::report::verdict(&summary.gates);
+        if progress {
+            eprintln!(
+                "sweep: point {}/{} (concurrency {c}) done: system_tps {:.1} tok/s, \
+                 e2e_interactivity {:.1} tok/s/user (wall clock), gates {}",
+                i + 1,
+                concurrencies.len(),
+                summary.system_tps,
+                summary.e2e_interactivity,
+                verdict.as_deref().unwrap_or("none")
+            );
+        }
         points.push(Point {
             concurrency: c,
             system_tps: summary.system_tps,
@@ -147,6 +173,7 @@ pub async fn run(
             on_frontier: false,
             accuracy: summary.accuracy,
             gates_pass: summary.gates_pass,
+            verdict,
             summary,
         });
     }
@@ -176,7 +203,7 @@ pub async fn run(
         message: e.to_string(),
     })?;
     let svg_path = out_dir.join("pareto.svg");
-    std::fs::write(&svg_path, svg(&points, base.gates().is_some())).map_err(|e| {
+    std::fs::write(&svg_path, svg(&points, TimeBase::WALL_CLOCK)).map_err(|e| {
         ReplayError::Output {
             path: svg_path.display().to_string(),
             message: e.to_string(),
@@ -198,8 +225,52 @@ fn nice_max(v: f64) -> f64 {
     10.0 * mag
 }
 
-/// The chart, without fonts or libraries: axes, ticks, the step frontier, labelled points.
-pub fn svg(points: &[Point], gated: bool) -> String {
+/// The time base a chart's rates are in, named on its axes.
+#[derive(Debug, Clone, Copy)]
+pub struct TimeBase {
+    /// Multiplies every measured (wall-clock) rate.
+    pub rate_factor: f64,
+    /// Its name on the axes, e.g. "wall clock".
+    pub label: &'static str,
+}
+
+impl TimeBase {
+    /// Rates as measured.
+    pub const WALL_CLOCK: TimeBase = TimeBase {
+        rate_factor: 1.0,
+        label: "wall clock",
+    };
+}
+
+/// A gate verdict short enough for a point label: the failing gate names, or PASS.
+fn short_verdict(verdict: &str) -> String {
+    match verdict.strip_prefix("FAIL: ") {
+        Some(failing) => {
+            let names: Vec<&str> = failing
+                .split("; ")
+                .filter_map(|g| g.split_whitespace().next())
+                .collect();
+            format!("FAIL ({})", names.join(", "))
+        }
+        None => verdict.to_string(),
+    }
+}
+
+/// The chart, without fonts or libraries: axes, ticks, the step frontier, labelled points;
+/// rates in `base`. Each point's label carries its gates' verdict (why it fails, in the
+/// chart's notes), none when the run had no gates.
+pub fn svg(points: &[Point], base: TimeBase) -> String {
+    let gated = points.iter().any(|p| p.verdict.is_some());
+    let k = base.rate_factor;
+    let scaled: Vec<Point> = points
+        .iter()
+        .map(|p| Point {
+            system_tps: p.system_tps * k,
+            e2e_interactivity: p.e2e_interactivity * k,
+            ..p.clone()
+        })
+        .collect();
+    let points = &scaled[..];
     let (w, h, l, r, t, b) = (720.0, 460.0, 80.0, 30.0, 40.0, 60.0);
     let xmax = nice_max(
         points
@@ -253,14 +324,16 @@ pub fn svg(points: &[Point], gated: bool) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="{}" text-anchor="middle">e2e_interactivity (output tokens/s per user)</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">e2e_interactivity (output tokens/s per user, {})</text>"#,
         (l + w - r) / 2.0,
-        h - 18.0
+        h - 18.0,
+        base.label
     );
     let _ = writeln!(
         s,
-        r#"<text x="18" y="{0}" text-anchor="middle" transform="rotate(-90 18 {0})">system_tps (output tokens/s)</text>"#,
-        (t + h - b) / 2.0
+        r#"<text x="18" y="{0}" text-anchor="middle" transform="rotate(-90 18 {0})">system_tps (output tokens/s, {1})</text>"#,
+        (t + h - b) / 2.0,
+        base.label
     );
     let mut frontier: Vec<&Point> = points.iter().filter(|p| p.on_frontier).collect();
     frontier.sort_by(|a, b| a.e2e_interactivity.total_cmp(&b.e2e_interactivity));
@@ -298,11 +371,9 @@ pub fn svg(points: &[Point], gated: bool) -> String {
             x + 7.0,
             y - 7.0,
             p.concurrency,
-            match (gated, p.gates_pass) {
-                (false, _) => String::new(),
-                (true, true) => " PASS".into(),
-                (true, false) => " FAIL".into(),
-            }
+            p.verdict
+                .as_deref()
+                .map_or(String::new(), |v| format!(" {}", escape(&short_verdict(v))))
         );
     }
     if gated {
@@ -312,9 +383,35 @@ pub fn svg(points: &[Point], gated: bool) -> String {
             w - r,
             t + 12.0
         );
+        // Why each failing point fails, in full, under the title.
+        let mut why: Vec<String> = points
+            .iter()
+            .filter_map(|p| {
+                p.verdict
+                    .as_deref()?
+                    .strip_prefix("FAIL: ")
+                    .map(str::to_string)
+            })
+            .collect();
+        why.dedup();
+        for (i, reason) in why.iter().take(3).enumerate() {
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{}" text-anchor="end" fill="#cf222e">fails: {}</text>"##,
+                w - r,
+                t + 26.0 + 14.0 * i as f64,
+                escape(reason)
+            );
+        }
     }
     s.push_str("</svg>\n");
     s
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 fn trim(v: f64) -> String {

@@ -42,7 +42,9 @@ pub struct SimSettings {
     /// KV capacity per replica in blocks of 16 tokens.
     #[arg(long)]
     pub num_gpu_blocks: Option<usize>,
-    /// Who writes replies.
+    /// Who writes replies: `synthetic` (deterministic text, reasoning and tool calls valid
+    /// against the request's tools) or `oracle` (the recorded reply of the matching turn of
+    /// `--oracle-dataset`, right with probability `--oracle-accuracy`).
     #[arg(long, value_enum)]
     pub responder: Option<ResponderKind>,
     /// MLPerf agentic dataset for the oracle responder (implies `--responder oracle`).

@@ -329,11 +329,15 @@ impl Replica {
         if needed_blocks > cfg.engine.num_gpu_blocks {
             return Err(HttpError::new(
                 StatusCode::BAD_REQUEST,
+                // What to change comes first: replay reports keep the start of this message.
                 format!(
-                    "prompt ({} tokens) plus output ({} tokens) exceeds the KV capacity of {} tokens",
+                    "request exceeds the KV capacity of {} tokens ({} blocks): start the simulator \
+                     with --num-gpu-blocks {} or more; prompt {} + output {} tokens",
+                    cfg.kv_capacity_tokens(),
+                    cfg.engine.num_gpu_blocks,
+                    needed_blocks,
                     plan.prompt.tokens,
                     plan.reply.tokens,
-                    cfg.kv_capacity_tokens()
                 ),
             ));
         }
