@@ -13,6 +13,11 @@
 //!    loopback backend (a small chat-completion answer as 16 SSE events), hammered by 32
 //!    connections over 1,000 session keys for 3 s each, interleaved 5 times: median
 //!    requests/s and p50/p99 latency of each, so the ratio shows what capture costs the proxy.
+//! 4. **fleet** (only when named; needs no dataset): 1,500 synthetic agent sessions of 20
+//!    turns recorded twice, once round-robin over 3 replica recorders (10,000 exchanges each)
+//!    and once into one directory; then `agentrace capture export` of each under
+//!    `/usr/bin/time -v`: wall time and peak RSS of the fleet merge against the one directory,
+//!    in the same run. `scripts/bench-capture-fleet.sh` runs it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -454,7 +459,168 @@ async fn throughput_bench() {
     );
 }
 
+/// Records `sessions` agent sessions of `turns` turns into one recorder per entry of
+/// `recorders`, turn `t` of session `s` into recorder `(s + t) % n`, stamped as if each turn
+/// came 2 s after the previous one.
+async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize) {
+    let t0: u128 = 1_795_000_000_000_000_000;
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let mut resp_headers = http::HeaderMap::new();
+    resp_headers.insert("content-type", "text/event-stream".parse().unwrap());
+    let system = "You are a coding agent working in a large repository. ".repeat(40);
+    let mut histories: Vec<Vec<serde_json::Value>> = (0..sessions)
+        .map(|s| {
+            vec![
+                json!({"role": "system", "content": system}),
+                json!({"role": "user", "content": format!("Session {s}: fix the failing test in module {}.", s % 97)}),
+            ]
+        })
+        .collect();
+    for t in 0..turns {
+        for (s, history) in histories.iter_mut().enumerate() {
+            let rec = &recorders[(s + t) % recorders.len()];
+            let body = serde_json::to_vec(&json!({"model": "m", "messages": history,
+                "max_completion_tokens": 256, "stream": true}))
+            .unwrap();
+            let call = format!("call_{s}_{t}");
+            let reply = format!("Turn {t}: I will run the tests of module {} again.", s % 97);
+            let frames: Vec<Bytes> = [
+                json!({"content": reply}),
+                json!({"tool_calls": [{"index": 0, "id": call, "type": "function",
+                    "function": {"name": "bash", "arguments": "{\"command\":\"cargo test\"}"}}]}),
+            ]
+            .iter()
+            .map(|d| {
+                Bytes::from(format!(
+                    "data: {}\n\n",
+                    json!({"choices": [{"index": 0, "delta": d}]})
+                ))
+            })
+            .collect();
+            let now = Instant::now();
+            let mut obs = rec.sink.start(ExchangeStart {
+                session_key: Some(format!("fleet-{s}")),
+                key_source: KeySource::Header,
+                backend: "b0".into(),
+                started_unix_ns: t0 + t as u128 * 2_000_000_000 + s as u128 * 1_000_000,
+                started_at: now,
+                request_received_at: now,
+                method: http::Method::POST,
+                path_and_query: "/v1/chat/completions".into(),
+                request_headers: headers.clone(),
+                request_body: Bytes::from(body),
+            });
+            obs.response_head(http::StatusCode::OK, &resp_headers, now);
+            for f in &frames {
+                obs.response_frame(f, Instant::now());
+            }
+            obs.end(ExchangeEnd::Complete, Instant::now());
+            history.push(json!({"role": "assistant", "content": reply,
+                "tool_calls": [{"id": call, "type": "function",
+                    "function": {"name": "bash", "arguments": "{\"command\":\"cargo test\"}"}}]}));
+            history.push(json!({"role": "tool", "tool_call_id": call,
+                "content": format!("running {s}/{t}: ").repeat(30)}));
+            // Keep the writer's queue from overflowing (the recorder drops, never blocks, here).
+            while rec.stats().records_written + 4000
+                < (t * sessions + s + 1) as u64 / recorders.len() as u64
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+/// `/usr/bin/time -v agentrace capture export DIRS… --out OUT`: (wall s, peak RSS KiB, stdout).
+fn timed_export(dirs: &[PathBuf], out: &std::path::Path) -> (f64, u64, String) {
+    let mut cmd = std::process::Command::new("/usr/bin/time");
+    cmd.arg("-v")
+        .arg(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["capture", "export"])
+        .args(dirs)
+        .arg("--out")
+        .arg(out);
+    let t = StdInstant::now();
+    let o = cmd
+        .output()
+        .expect("/usr/bin/time (Debian: apt-get install time)");
+    let wall = t.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let rss = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (wall, rss, String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+async fn fleet_bench() {
+    let (sessions, turns, replicas) = (1500, 20, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = |dir: PathBuf, replica: &str| CaptureConfig {
+        enabled: true,
+        dir,
+        replica: replica.into(),
+        queue_capacity: 8192,
+        flush_interval_ms: 100,
+        ..CaptureConfig::default()
+    };
+    let fleet: Vec<PathBuf> = (0..replicas)
+        .map(|i| tmp.path().join("fleet").join(format!("replica-{i}")))
+        .collect();
+    let recorders: Vec<Recorder> = fleet
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Recorder::start(&config(d.clone(), &format!("replica-{i}"))).unwrap())
+        .collect();
+    record_sessions(&recorders, sessions, turns).await;
+    for r in recorders {
+        let stats = r.stats();
+        assert_eq!(stats.records_dropped, 0, "{stats:?}");
+        r.finish().await;
+    }
+    let single = vec![tmp.path().join("single")];
+    let rec = Recorder::start(&config(single[0].clone(), "single")).unwrap();
+    record_sessions(std::slice::from_ref(&rec), sessions, turns).await;
+    assert_eq!(rec.stats().records_dropped, 0);
+    rec.finish().await;
+    println!(
+        "fleet: {sessions} sessions x {turns} turns = {} exchanges: {replicas} replica directories of {} bytes vs one of {} bytes",
+        sessions * turns,
+        dir_bytes(&tmp.path().join("fleet").join("replica-0"))
+            + dir_bytes(&tmp.path().join("fleet").join("replica-1"))
+            + dir_bytes(&tmp.path().join("fleet").join("replica-2")),
+        dir_bytes(&single[0])
+    );
+    for round in 0..2 {
+        let (fw, frss, fout) = timed_export(&fleet, &tmp.path().join("fleet.jsonl"));
+        let (sw, srss, sout) = timed_export(&single, &tmp.path().join("single.jsonl"));
+        if round == 0 {
+            print!("fleet export: {fout}one-directory export: {sout}");
+        }
+        println!(
+            "fleet: round {round}: export of {replicas} directories {fw:.2} s, peak RSS {} MiB; one directory {sw:.2} s, peak RSS {} MiB; ratio time {:.2}, RSS {:.2}",
+            frss / 1024,
+            srss / 1024,
+            fw / sw,
+            frss as f64 / srss.max(1) as f64
+        );
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "fleet") {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(fleet_bench());
+        return;
+    }
     let path = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with("--") && !MODES.contains(&a.as_str()))

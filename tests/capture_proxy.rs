@@ -478,7 +478,7 @@ async fn open_loop_replay_sends_captured_requests_at_scaled_recorded_times() {
     let report = open_loop::run(
         OpenLoopOptions {
             target: format!("http://{}", proxy.addr),
-            captures: source.clone(),
+            captures: vec![source.clone()],
             speed,
             out_dir: dir.path().join("out"),
             sessions: Vec::new(),

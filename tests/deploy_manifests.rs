@@ -104,3 +104,131 @@ fn service_and_monitor_point_at_the_admin_port() {
     assert_eq!(endpoint["port"].as_str(), Some("admin"));
     assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
 }
+
+/// The container named `name` among a pod spec's containers and init containers.
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| pod[*k].as_sequence())
+        .flatten()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn capture_dir_arg(proxy: &Value) -> &str {
+    let args: Vec<&str> = proxy["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args
+        .iter()
+        .position(|a| *a == "--capture")
+        .expect("--capture");
+    args[at + 1]
+}
+
+fn mount<'a>(c: &'a Value, volume: &str) -> &'a Value {
+    c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"].as_str() == Some(volume))
+        .unwrap_or_else(|| panic!("no mount of {volume}"))
+}
+
+fn has_pod_name_env(c: &Value) -> bool {
+    c["env"].as_sequence().is_some_and(|env| {
+        env.iter().any(|e| {
+            e["name"].as_str() == Some("POD_NAME")
+                && e["valueFrom"]["fieldRef"]["fieldPath"].as_str() == Some("metadata.name")
+        })
+    })
+}
+
+/// Seconds of an rclone duration such as `90s` or `2m`.
+fn seconds(d: &str) -> u64 {
+    let (n, unit) = d.split_at(d.find(|c: char| !c.is_ascii_digit()).unwrap_or(d.len()));
+    let n: u64 = n.parse().unwrap();
+    match unit {
+        "s" => n,
+        "m" => n * 60,
+        _ => panic!("unexpected duration {d}"),
+    }
+}
+
+// The sidecar variant: the proxy records into a volume the rclone sidecar reads, the sidecar
+// ships only segments older than the rotation age plus the flush interval (so only closed
+// ones) under the pod's name, runs as a native sidecar (outlives the proxy and ships the last
+// segment), and the pod outlives the proxy's drain.
+#[test]
+fn capture_sidecar_ships_only_closed_segments_under_the_pod_name() {
+    let cm = manifest("configmap.yaml");
+    let config = ProxyConfig::from_toml_str(str_at(&cm, &["data", "proxy.toml"])).unwrap();
+    let closed_after = config.capture.rotate_age_s + config.capture.flush_interval_ms / 1000 + 1;
+    assert!(
+        config.capture.rotate_age_s <= 300,
+        "segments wait too long to ship"
+    );
+
+    let d = manifest("deployment-capture-sidecar.yaml");
+    assert_eq!(str_at(&d, &["kind"]), "Deployment");
+    let pod = &d["spec"]["template"]["spec"];
+    let proxy = container(pod, "proxy");
+    let sidecar = container(pod, "ship-captures");
+    assert_eq!(sidecar["restartPolicy"].as_str(), Some("Always"));
+    let dir = capture_dir_arg(proxy);
+    assert_eq!(str_at(mount(proxy, "captures"), &["mountPath"]), dir);
+    assert_eq!(str_at(mount(sidecar, "captures"), &["mountPath"]), dir);
+    assert!(pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|v| v["name"].as_str() == Some("captures") && v["emptyDir"].is_mapping()));
+    assert!(has_pod_name_env(sidecar));
+    let script = sidecar["args"][0].as_str().unwrap();
+    assert!(script.contains("rclone copy") && script.contains("$POD_NAME"));
+    let min_age = script
+        .split("--min-age ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the periodic copy sets --min-age");
+    assert!(
+        seconds(min_age) > closed_after,
+        "--min-age {min_age} must exceed rotate_age_s + flush interval ({closed_after} s)"
+    );
+    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > config.shutdown_grace_secs);
+}
+
+// The shared-volume variant: one ReadWriteMany claim, each pod in its own sub-directory named
+// after the pod, the proxy recording into that mount.
+#[test]
+fn capture_shared_volume_gives_each_pod_its_own_directory() {
+    let pvc = manifest("capture-pvc.yaml");
+    assert_eq!(str_at(&pvc, &["kind"]), "PersistentVolumeClaim");
+    let modes: Vec<&str> = pvc["spec"]["accessModes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(modes, ["ReadWriteMany"]);
+    let d = manifest("deployment-capture-shared.yaml");
+    let pod = &d["spec"]["template"]["spec"];
+    let proxy = container(pod, "proxy");
+    let m = mount(proxy, "captures");
+    assert_eq!(str_at(m, &["mountPath"]), capture_dir_arg(proxy));
+    assert_eq!(str_at(m, &["subPathExpr"]), "$(POD_NAME)");
+    assert!(has_pod_name_env(proxy));
+    let claim = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"].as_str() == Some("captures"))
+        .unwrap();
+    assert_eq!(
+        str_at(claim, &["persistentVolumeClaim", "claimName"]),
+        str_at(&pvc, &["metadata", "name"])
+    );
+}

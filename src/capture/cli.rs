@@ -9,20 +9,23 @@ use anyhow::Context;
 
 use super::export::{self, ExportOptions};
 use super::format::{self, parse_time};
+use super::merge;
 use super::reader::{self, Entry, SegmentReader};
 
 /// Subcommands of `agentrace capture`.
 #[derive(Debug, clap::Subcommand)]
 pub enum CaptureCommand {
-    /// List the segment files of a capture directory.
+    /// List the segment files of capture directories, with the replica that wrote each.
     Ls {
-        /// The capture directory.
-        dir: PathBuf,
+        /// Capture directories (one per replica), or a directory of replica directories.
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
     },
-    /// Sessions, exchanges, bytes raw vs stored, time span, backends, dropped records.
+    /// Sessions, exchanges, bytes raw vs stored, time span, backends, replicas, dropped records.
     Stats {
-        /// The capture directory.
-        dir: PathBuf,
+        /// Capture directories (one per replica), or a directory of replica directories.
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -35,10 +38,12 @@ pub enum CaptureCommand {
         #[arg(long)]
         session: Option<String>,
     },
-    /// Write an MLPerf agentic dataset (`.jsonl`, or `.jsonl.zst`) from a capture.
+    /// Write an MLPerf agentic dataset (`.jsonl`, or `.jsonl.zst`) from a capture; the
+    /// captures of several replicas are merged into one conversation per session key.
     Export {
-        /// The capture directory.
-        dir: PathBuf,
+        /// Capture directories (one per replica), or a directory of replica directories.
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// The dataset file to write.
         #[arg(long)]
         out: PathBuf,
@@ -54,6 +59,10 @@ pub enum CaptureCommand {
         /// Replace message texts by hashes of the same length, for sharing.
         #[arg(long)]
         redact_content: bool,
+        /// How far apart the replicas' clocks may be, in ms: turns are ordered by their
+        /// history's growth where start times within this disagree with it.
+        #[arg(long, default_value_t = export::DEFAULT_MAX_SKEW_MS)]
+        max_skew_ms: u64,
     },
 }
 
@@ -67,9 +76,9 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let result = match cmd {
-        CaptureCommand::Ls { dir } => ls(&dir, &mut out),
-        CaptureCommand::Stats { dir, json } => {
-            let stats = stats(&dir)?;
+        CaptureCommand::Ls { dirs } => ls(&dirs, &mut out),
+        CaptureCommand::Stats { dirs, json } => {
+            let stats = stats(&dirs)?;
             if json {
                 serde_json::to_writer_pretty(&mut out, &stats)?;
                 writeln!(out)?;
@@ -80,12 +89,13 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
         }
         CaptureCommand::Cat { dir, session } => cat(&dir, session.as_deref(), &mut out),
         CaptureCommand::Export {
-            dir,
+            dirs,
             out: path,
             sessions,
             since,
             until,
             redact_content,
+            max_skew_ms,
         } => {
             let time = |flag: &str, v: Option<String>| -> anyhow::Result<Option<u64>> {
                 v.map(|t| parse_time(&t).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
@@ -96,8 +106,9 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
                 since_unix_ns: time("since", since)?,
                 until_unix_ns: time("until", until)?,
                 redact_content,
+                max_skew_ms,
             };
-            let report = export::export(&dir, &path, &opts)?;
+            let report = export::export_dirs(&dirs, &path, &opts)?;
             for cut in &report.cuts {
                 tracing::warn!("{cut}");
             }
@@ -110,6 +121,14 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
                 report.client_turns,
                 report.exchanges
             )?;
+            if report.directories > 1 {
+                writeln!(
+                    out,
+                    "  merged {} capture directories; {} turns ordered by their history where \
+                     the replicas' clocks disagreed",
+                    report.directories, report.turns_ordered_by_history
+                )?;
+            }
             for (reason, n) in &report.skipped {
                 writeln!(out, "  left out {n}: {reason}")?;
             }
@@ -141,7 +160,18 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-fn ls(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+fn ls(paths: &[PathBuf], out: &mut impl Write) -> anyhow::Result<()> {
+    let dirs = merge::capture_dirs(paths)?;
+    for dir in &dirs {
+        if dirs.len() > 1 {
+            writeln!(out, "{}:", dir.display())?;
+        }
+        ls_dir(dir, out)?;
+    }
+    Ok(())
+}
+
+fn ls_dir(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
     let segments = reader::segments(dir)?;
     if segments.is_empty() {
         writeln!(out, "no segments in {}", dir.display())?;
@@ -153,15 +183,16 @@ fn ls(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         let mut r = SegmentReader::open(&path)?;
         let (mut exchanges, mut dropped) = (0u64, 0u64);
         let mut span: Option<(u64, u64)> = None;
+        let mut replica = String::from(UNNAMED_REPLICA);
         for entry in r.by_ref() {
             match entry {
+                Entry::Segment(h) => replica = replica_of(&h),
                 Entry::Exchange(e) => {
                     exchanges += 1;
                     let (s, t) = (e.record.start_unix_ns, e.end_unix_ns());
                     span = Some(span.map_or((s, t), |(a, b)| (a.min(s), b.max(t))));
                 }
                 Entry::Dropped(d) => dropped += d.count,
-                Entry::Segment(_) => {}
             }
         }
         let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -173,10 +204,18 @@ fn ls(dir: &Path, out: &mut impl Write) -> anyhow::Result<()> {
         });
         writeln!(
             out,
-            "{name}  {size} bytes  {exchanges} exchanges  {dropped} dropped  {span}  {status}"
+            "{name}  replica {replica}  {size} bytes  {exchanges} exchanges  {dropped} dropped  \
+             {span}  {status}"
         )?;
     }
     Ok(())
+}
+
+/// How segments written before replicas were named show their replica.
+const UNNAMED_REPLICA: &str = "-";
+
+fn replica_of(h: &format::SegmentHeader) -> String {
+    h.replica.clone().unwrap_or_else(|| UNNAMED_REPLICA.into())
 }
 
 /// What `capture stats` reports.
@@ -206,6 +245,10 @@ pub struct CaptureStats {
     pub last_end: Option<String>,
     /// Seconds between them.
     pub span_seconds: f64,
+    /// Capture directories read.
+    pub directories: usize,
+    /// Exchanges per replica (`-` for segments that name none).
+    pub replicas: BTreeMap<String, u64>,
     /// Exchanges per backend.
     pub backends: BTreeMap<String, u64>,
     /// Exchanges per response status (`none` when no response arrived).
@@ -244,6 +287,12 @@ impl CaptureStats {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        writeln!(
+            out,
+            "replicas        {} ({} directories)",
+            join(&self.replicas),
+            self.directories
+        )?;
         writeln!(out, "backends        {}", join(&self.backends))?;
         writeln!(out, "statuses        {}", join(&self.statuses))?;
         for cut in &self.cuts {
@@ -253,20 +302,29 @@ impl CaptureStats {
     }
 }
 
-/// Summarises the capture in `dir`.
-pub fn stats(dir: &Path) -> anyhow::Result<CaptureStats> {
-    let mut s = CaptureStats::default();
+/// Summarises the captures in `paths` (one per replica, or directories of them).
+pub fn stats(paths: &[PathBuf]) -> anyhow::Result<CaptureStats> {
+    let dirs = merge::capture_dirs(paths)?;
+    let mut s = CaptureStats {
+        directories: dirs.len(),
+        ..CaptureStats::default()
+    };
     let mut sessions = BTreeSet::new();
     let mut span: Option<(u64, u64)> = None;
-    for path in reader::segments(dir)? {
-        s.segments += 1;
-        s.bytes_stored += std::fs::metadata(&path)
-            .with_context(|| path.display().to_string())?
-            .len();
+    for dir in &dirs {
+        for path in reader::segments(dir)? {
+            s.segments += 1;
+            s.bytes_stored += std::fs::metadata(&path)
+                .with_context(|| path.display().to_string())?
+                .len();
+        }
     }
-    s.cuts = reader::for_each(dir, |_, entry| {
+    let mut replica = String::from(UNNAMED_REPLICA);
+    s.cuts = merge::for_each(&dirs, |_, entry| {
         match entry {
+            Entry::Segment(h) => replica = replica_of(&h),
             Entry::Exchange(e) => {
+                *s.replicas.entry(replica.clone()).or_default() += 1;
                 let r = &e.record;
                 s.exchanges += 1;
                 match &r.session {
@@ -287,7 +345,6 @@ pub fn stats(dir: &Path) -> anyhow::Result<CaptureStats> {
                 span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
             }
             Entry::Dropped(d) => s.dropped_records += d.count,
-            Entry::Segment(_) => {}
         }
         Ok(())
     })?;

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use super::reader::{self, Cut, Entry, Exchange};
+use super::reader::{Cut, Exchange};
 use super::CaptureError;
 
 /// Which exchanges to export and how.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ExportOptions {
     /// Only these session keys (all when empty).
     pub sessions: Vec<String>,
@@ -23,7 +23,25 @@ pub struct ExportOptions {
     pub until_unix_ns: Option<u64>,
     /// Replace every message text by a hash-derived string of the same length, for sharing.
     pub redact_content: bool,
+    /// How far apart the replicas' clocks may be (ms): a turn is held this long past its
+    /// start for an earlier turn of its session that another replica stamped later.
+    pub max_skew_ms: u64,
 }
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            sessions: Vec::new(),
+            since_unix_ns: None,
+            until_unix_ns: None,
+            redact_content: false,
+            max_skew_ms: DEFAULT_MAX_SKEW_MS,
+        }
+    }
+}
+
+/// Clocks synchronised by NTP agree within milliseconds; a second leaves a wide margin.
+pub const DEFAULT_MAX_SKEW_MS: u64 = 1000;
 
 /// What an export wrote and what it left out.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -43,21 +61,43 @@ pub struct ExportReport {
     /// Conversations whose agent sent no system message: a salted replay (the default)
     /// refuses them, so the export says so.
     pub without_system_prompt: usize,
+    /// Capture directories read (one per replica).
+    pub directories: usize,
+    /// Turns placed before one with an earlier start time because their history is a prefix
+    /// of its history: the replicas' clocks disagreed with the conversation's order.
+    pub turns_ordered_by_history: u64,
     /// Segments that end early.
     pub cuts: Vec<Cut>,
 }
 
 /// Exports the capture in `dir` to `out` (zstd-compressed when it ends in `.zst`).
 pub fn export(dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportReport, CaptureError> {
+    export_dirs(&[dir.to_path_buf()], out, opts)
+}
+
+/// Exports the captures of several replicas as one dataset: one conversation per session key
+/// across all of them, turns in start order (history order where the clocks disagree with
+/// it), delays across replicas. Each directory may also be a directory of replica
+/// directories.
+pub fn export_dirs(
+    paths: &[PathBuf],
+    out: &Path,
+    opts: &ExportOptions,
+) -> Result<ExportReport, CaptureError> {
+    let dirs = super::merge::capture_dirs(paths)?;
     let mut builder = Builder::new(opts.clone());
-    let cuts = reader::for_each(dir, |_, entry| {
-        if let Entry::Exchange(e) = entry {
-            builder.add(&e);
+    let mut window = super::turns::Window::new(opts.max_skew_ms.saturating_mul(1_000_000));
+    let cuts = super::merge::for_each_exchange(&dirs, |e| {
+        if let Some(turn) = builder.prepare(&e) {
+            window.push(turn, e.end_unix_ns(), &mut builder);
         }
         Ok(())
     })?;
+    window.finish(&mut builder);
     let (rows, mut report) = builder.finish();
     report.cuts = cuts;
+    report.directories = dirs.len();
+    report.turns_ordered_by_history = window.ordered_by_history;
     report.out = out.to_path_buf();
     write_rows(out, &rows)?;
     Ok(report)
@@ -110,6 +150,17 @@ struct Conversation {
     closed: bool,
 }
 
+/// A chat exchange parsed for export: its request without the messages, and the messages.
+pub(crate) struct Turn {
+    pub key: Option<String>,
+    pub id: u64,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub request: Map<String, Value>,
+    pub messages: Vec<Value>,
+    pub reply: Option<Value>,
+}
+
 /// Builds rows session by session while exchanges stream in.
 pub struct Builder {
     opts: ExportOptions,
@@ -138,12 +189,19 @@ impl Builder {
 
     /// Adds one exchange (in capture order).
     pub fn add(&mut self, e: &Exchange) {
+        if let Some(turn) = self.prepare(e) {
+            self.add_turn(turn);
+        }
+    }
+
+    /// The chat turn `e` holds, if the options keep it; what is left out is counted.
+    pub(crate) fn prepare(&mut self, e: &Exchange) -> Option<Turn> {
         let r = &e.record;
         let key = r.session.clone();
         if !self.opts.sessions.is_empty()
             && !key.as_ref().is_some_and(|k| self.opts.sessions.contains(k))
         {
-            return;
+            return None;
         }
         if self.opts.since_unix_ns.is_some_and(|t| r.start_unix_ns < t)
             || self
@@ -151,7 +209,7 @@ impl Builder {
                 .until_unix_ns
                 .is_some_and(|t| r.start_unix_ns >= t)
         {
-            return;
+            return None;
         }
         if r.method != "POST"
             || !r
@@ -161,19 +219,43 @@ impl Builder {
                 .unwrap_or("")
                 .ends_with("/chat/completions")
         {
-            return self.skip("not a chat completion");
+            self.skip("not a chat completion");
+            return None;
         }
         let Some(body) = e.request_body.as_deref() else {
-            return self.skip("request body not recorded");
+            self.skip("request body not recorded");
+            return None;
         };
-        let Ok(Value::Object(request)) = serde_json::from_slice::<Value>(body) else {
-            return self.skip("request body is not a JSON object");
+        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(body) else {
+            self.skip("request body is not a JSON object");
+            return None;
         };
-        let Some(Value::Array(messages)) = request.get("messages") else {
-            return self.skip("request has no messages");
+        let Some(Value::Array(messages)) = request.shift_remove("messages") else {
+            self.skip("request has no messages");
+            return None;
         };
-        let messages = messages.clone();
-        let reply = response_message(e);
+        Some(Turn {
+            key,
+            id: r.id,
+            start_unix_ns: r.start_unix_ns,
+            end_unix_ns: e.end_unix_ns(),
+            request,
+            messages,
+            reply: response_message(e),
+        })
+    }
+
+    /// Adds one prepared turn (in session order).
+    pub(crate) fn add_turn(&mut self, turn: Turn) {
+        let Turn {
+            key,
+            id,
+            start_unix_ns,
+            end_unix_ns,
+            request,
+            messages,
+            reply,
+        } = turn;
         self.report.exchanges += 1;
 
         let idx = key.as_ref().and_then(|k| self.open.get(k).copied());
@@ -183,7 +265,7 @@ impl Builder {
                 if reply.is_some() {
                     c.pending_reply = reply;
                 }
-                c.prev_end_unix_ns = e.end_unix_ns();
+                c.prev_end_unix_ns = end_unix_ns;
                 return self.skip("retry of the previous request");
             }
         }
@@ -204,7 +286,7 @@ impl Builder {
                     }
                     _ => None,
                 };
-                let delay = r.start_unix_ns.saturating_sub(c.prev_end_unix_ns) as f64 / 1e9;
+                let delay = start_unix_ns.saturating_sub(c.prev_end_unix_ns) as f64 / 1e9;
                 // The reply as the agent sent it back wins over the recorded response: it is
                 // what the following tool results refer to, and what a replay must resend.
                 let recorded = c.pending_reply.take();
@@ -220,7 +302,7 @@ impl Builder {
                 }
                 let base = match &key {
                     Some(k) => sanitize(k),
-                    None => format!("exchange-{}", r.id),
+                    None => format!("exchange-{id}"),
                 };
                 let id = unique(&mut self.used_ids, &base);
                 let mut c = Conversation {
@@ -256,7 +338,7 @@ impl Builder {
         };
         let c = &mut self.conversations[idx];
         c.prev_messages = messages;
-        c.prev_end_unix_ns = e.end_unix_ns();
+        c.prev_end_unix_ns = end_unix_ns;
         c.pending_reply = reply;
         if key.is_none() {
             c.close();

@@ -39,6 +39,10 @@ pub struct SegmentHeader {
     pub created_unix_ns: u64,
     /// Version of agentrace that wrote it.
     pub writer: String,
+    /// The proxy replica that wrote it (`capture.replica`, by default the host name, so a
+    /// Kubernetes pod name); absent in segments written before replicas were named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// Exchanges the recorder could not keep, so a reader knows the capture has holes.

@@ -9,10 +9,12 @@
 pub mod cli;
 pub mod export;
 pub mod format;
+pub mod merge;
 pub mod open_loop;
 pub mod reader;
 pub mod redact;
 pub mod sink;
+mod turns;
 pub mod writer;
 
 use std::path::PathBuf;
@@ -57,8 +59,12 @@ pub struct CaptureConfig {
     pub flush_interval_ms: u64,
     /// A segment is closed and a new one started past this many stored bytes.
     pub rotate_bytes: u64,
-    /// … or past this age (seconds).
+    /// … or past this age (seconds). A closed segment is never written again, so a sidecar
+    /// can ship it: this bounds how long a record waits before it can be shipped.
     pub rotate_age_s: u64,
+    /// Name of this proxy replica, written into every segment header so the captures of a
+    /// fleet can be merged and told apart; empty: the host name (in Kubernetes, the pod name).
+    pub replica: String,
     /// Header name patterns whose values are stored as `REDACTED-<first 16 hex of sha256>`
     /// (case-insensitive; `*` at either end matches anything).
     pub redact_headers: Vec<String>,
@@ -83,7 +89,8 @@ impl Default for CaptureConfig {
             full_policy: FullPolicy::Drop,
             flush_interval_ms: 1000,
             rotate_bytes: 256 * 1024 * 1024,
-            rotate_age_s: 3600,
+            rotate_age_s: 300,
+            replica: String::new(),
             redact_headers: DEFAULT_REDACTED_HEADERS
                 .iter()
                 .map(|h| h.to_string())
@@ -129,6 +136,18 @@ impl CaptureConfig {
         if self.rotate_age_s == 0 {
             return Err("capture.rotate_age_s: must be >= 1, got 0".into());
         }
+        if self.replica.len() > 128
+            || self
+                .replica
+                .chars()
+                .any(|c| !(c.is_ascii_graphic()) || c == '/' || c == '\\')
+        {
+            return Err(format!(
+                "capture.replica: must be at most 128 printable ASCII characters without \
+                 spaces or slashes, got {:?}",
+                self.replica
+            ));
+        }
         if self.header_mode == HeaderMode::Deny && !self.keep_headers.is_empty() {
             return Err(
                 "capture.keep_headers: applies only with capture.header_mode = \"allow\"".into(),
@@ -154,10 +173,27 @@ impl CaptureConfig {
         )
     }
 
+    /// The replica name segments carry: `replica`, else the host name, else `unknown`.
+    pub fn replica_name(&self) -> String {
+        if !self.replica.is_empty() {
+            return self.replica.clone();
+        }
+        host_name().unwrap_or_else(|| "unknown".into())
+    }
+
     /// The flush interval as a duration.
     pub fn flush_interval(&self) -> Duration {
         Duration::from_millis(self.flush_interval_ms)
     }
+}
+
+/// The machine's host name (the kernel's, as `hostname` prints it; `HOSTNAME` elsewhere).
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// Counters of a running recorder, read by the proxy's metrics endpoint.
@@ -313,7 +349,8 @@ mod tests {
         assert!(!c.enabled);
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.flush_interval(), Duration::from_secs(1));
-        assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 3600));
+        assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 300));
+        assert!(!c.replica_name().is_empty());
         assert_eq!(c.redact_headers.len(), DEFAULT_REDACTED_HEADERS.len());
         assert_eq!(c.header_mode, HeaderMode::Deny);
     }
@@ -359,6 +396,14 @@ mod tests {
             "capture.keep_headers: applies only with capture.header_mode = \"allow\"",
         );
         bad(|c| c.dir = PathBuf::new(), "dir: must not be empty");
+        bad(
+            |c| c.replica = "pod 1".into(),
+            "capture.replica: must be at most 128",
+        );
+        bad(
+            |c| c.replica = "a/b".into(),
+            "capture.replica: must be at most 128",
+        );
     }
 
     #[test]

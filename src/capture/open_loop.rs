@@ -19,8 +19,8 @@ pub struct OpenLoopOptions {
     /// Base URL of the endpoint (`http://host:port`, optional path prefix); each request's
     /// recorded path and query is appended.
     pub target: String,
-    /// The capture directory.
-    pub captures: PathBuf,
+    /// The capture directories (several replicas' captures are merged by start time).
+    pub captures: Vec<PathBuf>,
     /// 2.0 replays twice as fast as recorded.
     pub speed: f64,
     /// Where `open-loop-report.json` is written.
@@ -73,8 +73,8 @@ pub struct RequestOutcome {
 pub struct OpenLoopReport {
     /// The endpoint.
     pub target: String,
-    /// The capture directory.
-    pub captures: PathBuf,
+    /// The capture directories.
+    pub captures: Vec<PathBuf>,
     /// The speed factor.
     pub speed: f64,
     /// Captured requests scheduled.
@@ -149,7 +149,7 @@ pub async fn run(
         )));
     }
     let dir = opts.captures.clone();
-    let capture = tokio::task::spawn_blocking(move || reader::read_dir(&dir))
+    let capture = tokio::task::spawn_blocking(move || super::merge::read_all(&dir))
         .await
         .map_err(|e| CaptureError::Http(format!("capture reader failed: {e}")))??;
     let mut exchanges: Vec<reader::Exchange> = capture

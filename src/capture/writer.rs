@@ -118,6 +118,8 @@ struct Writer {
     shared: Arc<Shared>,
     redact: Redactor,
     tag: String,
+    /// Written into every segment header, so a fleet's captures say which replica saw what.
+    replica: String,
     seq: u64,
     segment: Option<Segment>,
     /// After a failed open or write, no new segment is tried before this.
@@ -138,6 +140,7 @@ impl Writer {
         Writer {
             redact,
             tag: format!("{:08x}", rand::random::<u32>()),
+            replica: config.replica_name(),
             seq: 0,
             segment: None,
             retry_at: None,
@@ -317,6 +320,7 @@ impl Writer {
                     seq: self.seq,
                     created_unix_ns: now_ns,
                     writer: env!("CARGO_PKG_VERSION").into(),
+                    replica: Some(self.replica.clone()),
                 });
                 if self.write_line(&header) {
                     Ok(())

@@ -107,8 +107,9 @@ pub struct ReplayArgs {
     pub concurrency: Option<usize>,
     /// Replay the requests captured by the proxy in DIR open-loop, instead of a dataset
     /// closed-loop (closed-loop replay of a capture: `capture export`, then `--dataset`).
-    #[arg(long, value_name = "DIR", requires = "timing")]
-    pub captures: Option<PathBuf>,
+    /// Several directories (or a directory of replica directories) are merged by start time.
+    #[arg(long, value_name = "DIR", num_args = 1.., requires = "timing")]
+    pub captures: Vec<PathBuf>,
     /// How captured requests are paced: at their recorded start times.
     #[arg(long, value_enum, requires = "captures")]
     pub timing: Option<Timing>,
@@ -241,8 +242,8 @@ fn check_budget(config: &ReplayConfig, dataset: &Dataset) -> Result<(), ExitCode
 
 /// Runs one replay.
 pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    if let Some(captures) = &args.captures {
-        return run_captures(&args, captures).await;
+    if !args.captures.is_empty() {
+        return run_captures(&args, &args.captures).await;
     }
     let config = match prepare(&args.run, args.concurrency) {
         Ok(c) => c,
@@ -266,7 +267,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `replay --captures DIR --timing recorded`: the proxy's captures, open-loop.
-async fn run_captures(args: &ReplayArgs, captures: &Path) -> anyhow::Result<ExitCode> {
+async fn run_captures(args: &ReplayArgs, captures: &[PathBuf]) -> anyhow::Result<ExitCode> {
     let Some(target) = args.run.target.clone() else {
         eprintln!("error: invalid configuration: --target is required with --captures");
         return Ok(ExitCode::from(EXIT_CONFIG));
@@ -285,17 +286,22 @@ async fn run_captures(args: &ReplayArgs, captures: &Path) -> anyhow::Result<Exit
     });
     let options = crate::capture::open_loop::OpenLoopOptions {
         target,
-        captures: captures.to_path_buf(),
+        captures: captures.to_vec(),
         speed: args.speed,
         out_dir: args.run.out.clone(),
         sessions: args.sessions.clone(),
     };
     let report = crate::capture::open_loop::run(options, shutdown)
         .await
-        .with_context(|| format!("open-loop replay of {}", captures.display()))?;
+        .with_context(|| {
+            format!(
+                "open-loop replay of {}",
+                crate::capture::merge::names(captures)
+            )
+        })?;
     println!(
         "open-loop replay of {}: {} scheduled, {} sent, {} ok, {} failed{}",
-        captures.display(),
+        crate::capture::merge::names(captures),
         report.scheduled,
         report.sent,
         report.ok,

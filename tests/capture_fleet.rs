@@ -1,0 +1,426 @@
+//! Capture at fleet scale: proxy replicas behind a load balancer that is not session-aware
+//! each see some turns of a conversation; exporting all their capture directories gives back
+//! every conversation turn for turn, with the delays the client waited, ordered by history
+//! where the replicas' clocks disagree; closed segments shipped with `rclone` while the proxy
+//! keeps writing export the same.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use agentrace::capture::export::{self, ExportOptions};
+use agentrace::capture::reader;
+use serde_json::{json, Value};
+use support::capture::*;
+use tokio::time::{Duration, Instant};
+
+/// The tests of this file run one at a time: the delay check's 5 ms must not absorb the CPU
+/// the other test's rclone runs take.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What the client sent and waited in one conversation.
+struct Sent {
+    session: String,
+    /// Messages of the last request, then the last reply.
+    history: Vec<Value>,
+    /// Per turn after the first: time from the previous response's end to this request (s).
+    delays: Vec<f64>,
+}
+
+/// An agent-like conversation of `turns`, turn `t` sent to `urls[route(t)]`, thinking
+/// `think_ms(t)` between a reply and the next request.
+async fn conversation(
+    client: &Client,
+    urls: &[String],
+    session: &str,
+    turns: usize,
+    route: impl Fn(usize) -> usize,
+) -> Sent {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the bash tool."}),
+        json!({"role": "user", "content": format!("Session {session}: make the tests pass.")}),
+    ];
+    let mut delays = Vec::new();
+    let mut done: Option<Instant> = None;
+    let mut reply = Value::Null;
+    for turn in 0..turns {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": messages,
+            "max_completion_tokens": 32, "stream": true, "temperature": 0.25}))
+        .unwrap();
+        if let Some(done) = done {
+            // Think time, varied per turn.
+            tokio::time::sleep(Duration::from_millis(15 + 10 * (turn as u64 % 3))).await;
+            delays.push(done.elapsed().as_secs_f64());
+        }
+        let url = &urls[route(turn)];
+        let (status, frames) = post(client, url, &[("x-session-id", session)], body).await;
+        done = Some(Instant::now());
+        assert_eq!(status, 200, "{session} turn {turn}");
+        reply = agentrace::capture::export::assistant_from_sse(&frames.concat()).unwrap();
+        if turn + 1 == turns {
+            break;
+        }
+        let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
+        messages.push(reply.clone());
+        match calls {
+            Some(calls) => {
+                for c in calls {
+                    messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
+                }
+            }
+            None => messages.push(
+                json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}),
+            ),
+        }
+    }
+    messages.push(reply);
+    Sent {
+        session: session.to_owned(),
+        history: messages,
+        delays,
+    }
+}
+
+/// One line per dataset row as its role and identifying content, consecutive user and tool
+/// messages grouped as the exporter groups them.
+fn expected_rows(history: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut last_role = "";
+    for m in &history[1..] {
+        let role = m["role"].as_str().unwrap();
+        let part = match role {
+            "tool" => m["tool_call_id"].as_str().unwrap().to_owned(),
+            "user" => m["content"].as_str().unwrap().to_owned(),
+            _ => assistant_signature(m),
+        };
+        if role == last_role && role != "assistant" {
+            let sep = if role == "user" { "\n\n" } else { "," };
+            out.last_mut().unwrap().push_str(&format!("{sep}{part}"));
+        } else {
+            out.push(format!("{role}:{part}"));
+        }
+        last_role = role;
+    }
+    out
+}
+
+fn assistant_signature(m: &Value) -> String {
+    match m.get("tool_calls").and_then(Value::as_array) {
+        Some(calls) if !calls.is_empty() => calls
+            .iter()
+            .map(|c| c["id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => m["content"].as_str().unwrap_or("").to_owned(),
+    }
+}
+
+fn row_signature(row: &Value) -> String {
+    let role = row["role"].as_str().unwrap();
+    let part = match role {
+        "tool" => row["tool_results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tool_call_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join(","),
+        "user" => row["content"].as_str().unwrap().to_owned(),
+        _ => assistant_signature(row),
+    };
+    format!("{role}:{part}")
+}
+
+fn read_rows(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Moves the start of every record of `session` in `dir` by `-shift_ns`: that replica's clock
+/// ran behind for this conversation.
+fn skew_session(dir: &Path, session: &str, shift_ns: u64) {
+    for path in reader::segments(dir).unwrap() {
+        let raw = zstd::decode_all(&std::fs::read(&path).unwrap()[..]).unwrap();
+        let mut out = Vec::new();
+        for line in raw.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let mut v: Value = serde_json::from_slice(line).unwrap();
+            if v["type"] == "exchange" && v["session"] == session {
+                let start = v["start_unix_ns"].as_u64().unwrap();
+                v["start_unix_ns"] = json!(start - shift_ns);
+            }
+            out.extend(serde_json::to_vec(&v).unwrap());
+            out.push(b'\n');
+        }
+        std::fs::write(&path, zstd::encode_all(&out[..], 3).unwrap()).unwrap();
+    }
+}
+
+fn run_cli(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+// Three replicas, six conversations of four turns sent round the replicas, and one whose turns
+// alternate between two replicas with one replica's clock 300 ms behind: the export of all
+// three directories has exactly the client's conversations turn for turn, the delays the
+// client waited within 5 ms, the skewed conversation put in order by its history (2 turns
+// decided so); it validates and replays. One directory alone misses turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_export_rebuilds_every_conversation_across_replicas() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (stop_sim, sim_shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(sim_shutdown);
+    let root = tempfile::tempdir().unwrap();
+    let fleet = root.path().join("fleet");
+    let mut proxies = Vec::new();
+    let mut urls = Vec::new();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for i in 0..3 {
+        let dir = fleet.join(format!("pod-{i}"));
+        let mut capture = config(&dir);
+        capture.replica = format!("pod-{i}");
+        let (stop, shutdown) = agentrace::shutdown::channel();
+        let proxy = start_proxy(&sim.addrs(), Some(capture), shutdown).await;
+        urls.push(format!("http://{}/v1/chat/completions", proxy.addr));
+        proxies.push((stop, proxy));
+        dirs.push(dir);
+    }
+    let client = client();
+    let urls = Arc::new(urls);
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..6 {
+        let (client, urls) = (client.clone(), urls.clone());
+        tasks.spawn(async move {
+            conversation(&client, &urls, &format!("fleet-{c}"), 4, |t| (c + t) % 3).await
+        });
+    }
+    {
+        let (client, urls) = (client.clone(), urls.clone());
+        tasks.spawn(async move { conversation(&client, &urls, "skewed", 4, |t| t % 2).await });
+    }
+    let mut sent: Vec<Sent> = tasks.join_all().await;
+    sent.sort_by(|a, b| a.session.cmp(&b.session));
+    for (stop, proxy) in proxies {
+        stop.fire();
+        proxy.join().await;
+    }
+    skew_session(&dirs[1], "skewed", 300_000_000);
+
+    let out = root.path().join("fleet.jsonl");
+    let report = export::export_dirs(&dirs, &out, &ExportOptions::default()).unwrap();
+    assert!(report.cuts.is_empty(), "{:?}", report.cuts);
+    assert_eq!(
+        (
+            report.directories,
+            report.conversations,
+            report.client_turns
+        ),
+        (3, 7, 28),
+        "{report:?}"
+    );
+    assert_eq!(report.turns_ordered_by_history, 2, "{report:?}");
+    let rows = read_rows(&out);
+    for s in &sent {
+        let conv: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["conversation_id"] == s.session.as_str())
+            .collect();
+        let got: Vec<String> = conv.iter().map(|r| row_signature(r)).collect();
+        assert_eq!(got, expected_rows(&s.history), "{}", s.session);
+        if s.session == "skewed" {
+            continue;
+        }
+        let client_rows: Vec<&&Value> = conv
+            .iter()
+            .filter(|r| r["role"] == "user" || r["role"] == "tool")
+            .collect();
+        assert_eq!(client_rows.len(), 4, "{}", s.session);
+        assert!(client_rows[0].get("delay_seconds").is_none());
+        for (row, want) in client_rows[1..].iter().zip(&s.delays) {
+            let got = row["delay_seconds"].as_f64().unwrap();
+            assert!(
+                (got - want).abs() < 0.005,
+                "{}: delay {got} s, the client waited {want} s",
+                s.session
+            );
+        }
+    }
+
+    // The command line takes the directory of replica directories and says what it merged.
+    let root_arg = fleet.to_str().unwrap();
+    let cli_out = root.path().join("cli.jsonl");
+    let said = run_cli(&[
+        "capture",
+        "export",
+        root_arg,
+        "--out",
+        cli_out.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains("7 conversations") && said.contains("merged 3 capture directories; 2 turns"),
+        "{said}"
+    );
+    assert_eq!(read_rows(&cli_out), rows);
+    let stats: Value =
+        serde_json::from_str(&run_cli(&["capture", "stats", root_arg, "--json"])).unwrap();
+    assert_eq!(stats["directories"], 3);
+    assert_eq!(stats["exchanges"], 28);
+    let replicas = stats["replicas"].as_object().unwrap();
+    assert_eq!(
+        replicas.keys().collect::<Vec<_>>(),
+        ["pod-0", "pod-1", "pod-2"]
+    );
+    let ls = run_cli(&["capture", "ls", root_arg]);
+    assert!(ls.contains("replica pod-2"), "{ls}");
+
+    // One replica's directory alone loses turns other replicas saw after its last request.
+    let alone = export::export(
+        &dirs[0],
+        &root.path().join("one.jsonl"),
+        &Default::default(),
+    )
+    .unwrap();
+    assert!(alone.client_turns < 28, "{alone:?}");
+
+    let dataset = agentrace::dataset::load(&out, &Default::default()).unwrap();
+    assert_eq!(dataset.conversations.len(), 7);
+    let replay_config = agentrace::replay::config::ReplayConfig {
+        target: format!("http://{}", sim.addrs()[0]),
+        dataset: Some(out.clone()),
+        model_name: Some("m".into()),
+        concurrency: 4,
+        inject_tool_delay: false,
+        ..Default::default()
+    };
+    let (_stop_replay, replay_shutdown) = agentrace::shutdown::channel();
+    let summary = agentrace::replay::run(
+        replay_config,
+        Arc::new(dataset),
+        &root.path().join("replay-out"),
+        replay_shutdown,
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.turns_ok, 28, "{summary:?}");
+    stop_sim.fire();
+    sim.join().await;
+}
+
+// `rclone copy --min-age` run while the proxy keeps writing copies only closed segments (a
+// segment untouched for longer than the rotation age plus the flush interval is closed), and
+// the copy exports the same dataset as the source once the last segment is shipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_segments_shipped_by_rclone_export_like_the_source() {
+    if Command::new("rclone").arg("version").output().is_err() {
+        eprintln!("skipped: rclone not installed");
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (stop_sim, sim_shutdown) = agentrace::shutdown::channel();
+    let sim = start_sim(sim_shutdown);
+    let root = tempfile::tempdir().unwrap();
+    let (src, dst) = (root.path().join("pod-0"), root.path().join("bucket/pod-0"));
+    let mut capture = config(&src);
+    capture.rotate_age_s = 1;
+    capture.flush_interval_ms = 100;
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = start_proxy(&sim.addrs(), Some(capture), shutdown).await;
+    let urls = Arc::new(vec![format!("http://{}/v1/chat/completions", proxy.addr)]);
+    let client = client();
+    conversation(&client, &urls, "ship-0", 3, |_| 0).await;
+    // Wait for the first segment to close (its frame ends).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let closed = reader::segments(&src).unwrap().iter().any(|p| {
+            let mut r = reader::SegmentReader::open(p).unwrap();
+            r.by_ref().count();
+            r.cut().is_none()
+        });
+        if closed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no segment closed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The proxy keeps writing while rclone copies, pass after pass, until closed segments
+    // have been shipped.
+    let keep_writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writing = {
+        let (client, urls, keep) = (client.clone(), urls.clone(), keep_writing.clone());
+        tokio::spawn(async move {
+            let mut s = 1;
+            while keep.load(std::sync::atomic::Ordering::Relaxed) {
+                conversation(&client, &urls, &format!("ship-{s}"), 3, |_| 0).await;
+                s += 1;
+            }
+            s - 1
+        })
+    };
+    let rclone = |min_age: Option<&str>| {
+        let mut cmd = Command::new("rclone");
+        cmd.args(["copy", "--include", "capture-*.jsonl.zst"]);
+        if let Some(age) = min_age {
+            cmd.args(["--min-age", age]);
+        }
+        let out = cmd.arg(&src).arg(&dst).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    loop {
+        // Rotation age 1 s + flush interval 0.1 s + margin.
+        tokio::task::block_in_place(|| rclone(Some("1500ms")));
+        let shipped = if dst.exists() {
+            reader::segments(&dst).unwrap()
+        } else {
+            Vec::new()
+        };
+        for path in &shipped {
+            let mut r = reader::SegmentReader::open(path).unwrap();
+            r.by_ref().count();
+            assert!(
+                r.cut().is_none(),
+                "an open segment was shipped: {:?}",
+                r.cut()
+            );
+        }
+        if shipped.len() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nothing shipped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    keep_writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let conversations = writing.await.unwrap() + 1;
+    stop.fire();
+    proxy.join().await;
+    rclone(None);
+
+    let (a, b) = (root.path().join("src.jsonl"), root.path().join("dst.jsonl"));
+    let from_src = export::export(&src, &a, &ExportOptions::default()).unwrap();
+    let from_dst =
+        export::export_dirs(&[root.path().join("bucket")], &b, &ExportOptions::default()).unwrap();
+    assert_eq!(
+        (from_dst.conversations, from_dst.client_turns),
+        (conversations, 3 * conversations)
+    );
+    assert_eq!(from_src.client_turns, from_dst.client_turns);
+    assert_eq!(read_rows(&a), read_rows(&b));
+    stop_sim.fire();
+    sim.join().await;
+}
