@@ -149,8 +149,12 @@ fn snapshot_conversion_stops_at_a_long_line() {
 async fn replay_refuses_a_dataset_line_over_its_limit() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "d.jsonl", &text_with_long_third_line(5000));
+    // A target that accepts connections, as replay checks it before loading the dataset;
+    // nothing is ever sent to it.
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", target.local_addr().unwrap());
     let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
-        .args(["replay", "--no-progress", "--target", "http://127.0.0.1:9"])
+        .args(["replay", "--no-progress", "--target", &url])
         .args(["--dataset-max-line-bytes", "4096", "--dataset"])
         .arg(&path)
         .arg("--out")

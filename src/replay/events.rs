@@ -48,21 +48,16 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
 }
 
 /// The system monotonic clock (`CLOCK_MONOTONIC`, what Python's `time.monotonic_ns()` reads)
-/// at `at`, in ns. The standard library keeps the reading private; on Linux its debug form
-/// shows it (`Instant { tv_sec: S, tv_nsec: N }`), elsewhere this is `None`.
+/// at `at`, in ns: the clock read now, less the time elapsed since `at`. `None` only if `at`
+/// lies before the clock's zero, which a real instant never does.
 pub fn monotonic_ns(at: std::time::Instant) -> Option<u64> {
-    let text = format!("{at:?}");
-    let field = |name: &str| -> Option<u64> {
-        let rest = text.split(&format!("{name}: ")).nth(1)?;
-        rest.split(|c: char| !c.is_ascii_digit())
-            .next()?
-            .parse()
-            .ok()
-    };
-    let (sec, nsec) = (field("tv_sec")?, field("tv_nsec")?);
-    (cfg!(target_os = "linux") && nsec < 1_000_000_000)
-        .then(|| sec.checked_mul(1_000_000_000)?.checked_add(nsec))
-        .flatten()
+    let elapsed = at.elapsed();
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let now_ns = u64::try_from(now.tv_sec)
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::try_from(now.tv_nsec).ok()?)?;
+    now_ns.checked_sub(u64::try_from(elapsed.as_nanos()).ok()?)
 }
 
 /// One line of `events.jsonl`.
