@@ -32,7 +32,6 @@ struct Sent {
 /// An agent-like conversation of `turns`, turn `t` sent to `urls[route(t)]`, thinking
 /// `think_ms(t)` between a reply and the next request.
 async fn conversation(
-    client: &Client,
     urls: &[String],
     session: &str,
     turns: usize,
@@ -42,6 +41,12 @@ async fn conversation(
         json!({"role": "system", "content": "You are a coding agent. Use the bash tool."}),
         json!({"role": "user", "content": format!("Session {session}: make the tests pass.")}),
     ];
+    // Connected to every replica before the first turn, so that a wait the client measures
+    // ends with the request on an open connection, not with a connect still to make.
+    let mut replicas = Vec::new();
+    for url in urls {
+        replicas.push(Replica::connect(url).await);
+    }
     let mut delays = Vec::new();
     let mut done: Option<Instant> = None;
     let mut reply = Value::Null;
@@ -54,8 +59,7 @@ async fn conversation(
             tokio::time::sleep(Duration::from_millis(15 + 10 * (turn as u64 % 3))).await;
             delays.push(done.elapsed().as_secs_f64());
         }
-        let url = &urls[route(turn)];
-        let (status, frames) = post(client, url, &[("x-session-id", session)], body).await;
+        let (status, frames) = replicas[route(turn)].post(session, body).await;
         done = Some(Instant::now());
         assert_eq!(status, 200, "{session} turn {turn}");
         reply = agentrace::capture::export::assistant_from_sse(&frames.concat()).unwrap();
@@ -80,6 +84,48 @@ async fn conversation(
         session: session.to_owned(),
         history: messages,
         delays,
+    }
+}
+
+/// One kept-alive HTTP/1.1 connection to a proxy replica.
+struct Replica {
+    send: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    url: http::Uri,
+}
+
+impl Replica {
+    async fn connect(url: &str) -> Self {
+        let url: http::Uri = url.parse().unwrap();
+        let tcp = tokio::net::TcpStream::connect(url.authority().unwrap().as_str())
+            .await
+            .unwrap();
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Self { send, url }
+    }
+
+    /// Posts a chat body of `session`; the status and the response's data frames.
+    async fn post(&mut self, session: &str, body: Vec<u8>) -> (u16, Vec<bytes::Bytes>) {
+        use http_body_util::BodyExt;
+        let req = http::Request::post(self.url.path())
+            .header("host", self.url.authority().unwrap().as_str())
+            .header("content-type", "application/json")
+            .header("x-session-id", session)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        self.send.ready().await.unwrap();
+        let resp = self.send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                frames.push(data);
+            }
+        }
+        (status, frames)
     }
 }
 
@@ -198,18 +244,17 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
         proxies.push((stop, proxy));
         dirs.push(dir);
     }
-    let client = client();
     let urls = Arc::new(urls);
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..6 {
-        let (client, urls) = (client.clone(), urls.clone());
-        tasks.spawn(async move {
-            conversation(&client, &urls, &format!("fleet-{c}"), 4, |t| (c + t) % 3).await
-        });
+        let urls = urls.clone();
+        tasks.spawn(
+            async move { conversation(&urls, &format!("fleet-{c}"), 4, |t| (c + t) % 3).await },
+        );
     }
     {
-        let (client, urls) = (client.clone(), urls.clone());
-        tasks.spawn(async move { conversation(&client, &urls, "skewed", 4, |t| t % 2).await });
+        let urls = urls.clone();
+        tasks.spawn(async move { conversation(&urls, "skewed", 4, |t| t % 2).await });
     }
     let mut sent: Vec<Sent> = tasks.join_all().await;
     sent.sort_by(|a, b| a.session.cmp(&b.session));
@@ -339,8 +384,7 @@ async fn closed_segments_shipped_by_rclone_export_like_the_source() {
     let (stop, shutdown) = agentrace::shutdown::channel();
     let proxy = start_proxy(&sim.addrs(), Some(capture), shutdown).await;
     let urls = Arc::new(vec![format!("http://{}/v1/chat/completions", proxy.addr)]);
-    let client = client();
-    conversation(&client, &urls, "ship-0", 3, |_| 0).await;
+    conversation(&urls, "ship-0", 3, |_| 0).await;
     // Wait for the first segment to close (its frame ends).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -359,11 +403,11 @@ async fn closed_segments_shipped_by_rclone_export_like_the_source() {
     // have been shipped.
     let keep_writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writing = {
-        let (client, urls, keep) = (client.clone(), urls.clone(), keep_writing.clone());
+        let (urls, keep) = (urls.clone(), keep_writing.clone());
         tokio::spawn(async move {
             let mut s = 1;
             while keep.load(std::sync::atomic::Ordering::Relaxed) {
-                conversation(&client, &urls, &format!("ship-{s}"), 3, |_| 0).await;
+                conversation(&urls, &format!("ship-{s}"), 3, |_| 0).await;
                 s += 1;
             }
             s - 1
