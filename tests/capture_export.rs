@@ -11,6 +11,7 @@ use agentrace::capture::export::{self, ExportOptions};
 use agentrace::capture::Recorder;
 use serde_json::Value;
 use support::capture::*;
+use support::dataset::sample_path;
 
 fn read_rows(path: &std::path::Path) -> Vec<Value> {
     let bytes = std::fs::read(path).unwrap();

@@ -6,18 +6,24 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-/// The public MLPerf sample, or `None` (with a `skipped:` line) when it is absent.
+/// The public MLPerf sample, or `None` (with a `skipped:` line) when it is absent. Looked for
+/// where `scripts/fetch-sample.sh` puts it (`datasets/` in the checkout), then in a
+/// `shared/datasets/` directory beside the checkout.
 pub fn sample_path() -> Option<PathBuf> {
-    let path = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
-    ));
-    if path.exists() {
-        Some(path)
-    } else {
-        println!("skipped: {} is absent", path.display());
-        None
+    const NAME: &str = "mlperf_agentic_coding_sample.jsonl";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let places = [
+        root.join("datasets").join(NAME),
+        root.join("../shared/datasets").join(NAME),
+    ];
+    let found = places.iter().find(|p| p.exists()).cloned();
+    if found.is_none() {
+        println!(
+            "skipped: the public sample is absent ({}; scripts/fetch-sample.sh downloads it)",
+            places[0].display()
+        );
     }
+    found
 }
 
 /// The sample's bash tool definition.
