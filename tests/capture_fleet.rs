@@ -66,18 +66,7 @@ async fn conversation(
         if turn + 1 == turns {
             break;
         }
-        let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
-        messages.push(reply.clone());
-        match calls {
-            Some(calls) => {
-                for c in calls {
-                    messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
-                }
-            }
-            None => messages.push(
-                json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}),
-            ),
-        }
+        answer(&mut messages, reply.clone(), turn);
     }
     messages.push(reply);
     Sent {
@@ -108,7 +97,6 @@ impl Replica {
 
     /// Posts a chat body of `session`; the status and the response's data frames.
     async fn post(&mut self, session: &str, body: Vec<u8>) -> (u16, Vec<bytes::Bytes>) {
-        use http_body_util::BodyExt;
         let req = http::Request::post(self.url.path())
             .header("host", self.url.authority().unwrap().as_str())
             .header("content-type", "application/json")
@@ -118,14 +106,7 @@ impl Replica {
         self.send.ready().await.unwrap();
         let resp = self.send.send_request(req).await.unwrap();
         let status = resp.status().as_u16();
-        let mut body = resp.into_body();
-        let mut frames = Vec::new();
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame.unwrap().into_data() {
-                frames.push(data);
-            }
-        }
-        (status, frames)
+        (status, data_frames(resp.into_body()).await)
     }
 }
 

@@ -164,11 +164,7 @@ pub fn read_all(paths: &[PathBuf]) -> Result<Capture, CaptureError> {
         capture.segments.extend(reader::segments(dir)?);
     }
     capture.cuts = for_each(&dirs, |_, entry| {
-        match entry {
-            Entry::Exchange(e) => capture.exchanges.push(*e),
-            Entry::Dropped(d) => capture.dropped += d.count,
-            Entry::Segment(_) => {}
-        }
+        capture.add(entry);
         Ok(())
     })?;
     Ok(capture)

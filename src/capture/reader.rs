@@ -310,12 +310,19 @@ pub fn read_dir(dir: &Path) -> Result<Capture, CaptureError> {
         ..Capture::default()
     };
     capture.cuts = for_each(dir, |_, entry| {
-        match entry {
-            Entry::Exchange(e) => capture.exchanges.push(*e),
-            Entry::Dropped(d) => capture.dropped += d.count,
-            Entry::Segment(_) => {}
-        }
+        capture.add(entry);
         Ok(())
     })?;
     Ok(capture)
+}
+
+impl Capture {
+    /// Keeps an exchange, counts a drop; segment headers are listed in `segments` already.
+    pub(crate) fn add(&mut self, entry: Entry) {
+        match entry {
+            Entry::Exchange(e) => self.exchanges.push(*e),
+            Entry::Dropped(d) => self.dropped += d.count,
+            Entry::Segment(_) => {}
+        }
+    }
 }

@@ -115,15 +115,15 @@ impl Body for HeldBody {
 pub struct BodyParts {
     body: HeldBody,
     filling: BytesMut,
-    /// Bytes still to come, when the length was declared: no part is made larger than that.
-    remaining: Option<usize>,
+    /// The declared length, if any: no part is made larger than what is still to come.
+    declared: Option<usize>,
 }
 
 impl BodyParts {
     /// An empty body; `declared` is its `Content-Length`, if it has one.
     pub fn new(declared: Option<usize>) -> Self {
         Self {
-            remaining: declared,
+            declared,
             ..Self::default()
         }
     }
@@ -157,7 +157,6 @@ impl BodyParts {
             return false;
         }
         self.seal();
-        self.remaining = self.remaining.map(|r| r.saturating_sub(bytes.len()));
         self.add_part(bytes);
         true
     }
@@ -174,8 +173,8 @@ impl BodyParts {
             .checked_shl(self.body.parts.len() as u32)
             .unwrap_or(LARGEST_PART)
             .min(LARGEST_PART);
-        let size = match self.remaining {
-            Some(r) => size.min(r),
+        let size = match self.declared {
+            Some(declared) => size.min(declared.saturating_sub(self.body.len)),
             None => size,
         };
         self.filling = BytesMut::with_capacity(size.max(1));
@@ -184,7 +183,6 @@ impl BodyParts {
     fn seal(&mut self) {
         if !self.filling.is_empty() {
             let part = std::mem::take(&mut self.filling).freeze();
-            self.remaining = self.remaining.map(|r| r.saturating_sub(part.len()));
             self.add_part(part);
         }
     }

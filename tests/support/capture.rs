@@ -195,20 +195,6 @@ pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-/// The public MLPerf sample, when present.
-pub fn sample_path() -> Option<std::path::PathBuf> {
-    let p = std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
-    ));
-    if p.exists() {
-        Some(p)
-    } else {
-        println!("skipped: the public sample is not at {}", p.display());
-        None
-    }
-}
-
 /// One client turn of a dataset conversation, as a capture should see it.
 #[derive(Debug, Clone)]
 pub struct SampleTurn {
@@ -450,7 +436,6 @@ pub async fn post(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> (u16, Vec<Bytes>) {
-    use http_body_util::BodyExt;
     let mut req = http::Request::post(url).header("content-type", "application/json");
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -463,14 +448,19 @@ pub async fn post(
         .await
         .unwrap();
     let status = resp.status().as_u16();
-    let mut body = resp.into_body();
+    (status, data_frames(resp.into_body()).await)
+}
+
+/// The data frames of a response body, to its end.
+pub async fn data_frames(mut body: hyper::body::Incoming) -> Vec<Bytes> {
+    use http_body_util::BodyExt;
     let mut frames = Vec::new();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame.unwrap().into_data() {
             frames.push(data);
         }
     }
-    (status, frames)
+    frames
 }
 
 /// Runs an agent-like session of `turns` through `url`: every turn resends the history plus
@@ -484,7 +474,7 @@ pub async fn agent_session(
     turns: usize,
     extra_headers: &[(&str, &str)],
 ) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-    use serde_json::{json, Value};
+    use serde_json::json;
     let mut messages = vec![
         json!({"role": "system", "content": "You are a coding agent. Use the bash tool."}),
         json!({"role": "user", "content": format!("Session {session}: make the tests pass.")}),
@@ -506,18 +496,24 @@ pub async fn agent_session(
         let reply = agentrace::capture::export::assistant_from_sse(&bytes).unwrap();
         bodies.push(body);
         replies.push(bytes);
-        let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
-        messages.push(reply);
-        match calls {
-            Some(calls) => {
-                for c in calls {
-                    messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
-                }
-            }
-            None => messages.push(
-                json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)}),
-            ),
-        }
+        answer(&mut messages, reply, turn);
     }
     (bodies, replies)
+}
+
+/// Appends the reply of `turn` and what an agent sends after it: a tool result per tool
+/// call, or a user message when there is none.
+pub fn answer(messages: &mut Vec<serde_json::Value>, reply: serde_json::Value, turn: usize) {
+    use serde_json::{json, Value};
+    let calls = reply.get("tool_calls").and_then(Value::as_array).cloned();
+    messages.push(reply);
+    match calls {
+        Some(calls) => {
+            for c in calls {
+                messages.push(json!({"role": "tool", "content": format!("exit 0 after turn {turn}"), "tool_call_id": c["id"]}));
+            }
+        }
+        None => messages
+            .push(json!({"role": "user", "content": format!("Continue with step {}.", turn + 1)})),
+    }
 }
