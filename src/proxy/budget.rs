@@ -3,8 +3,9 @@
 //! Every request body is held whole until its request has been forwarded (for the session
 //! fingerprint and for a retry), and `max_request_body_bytes` bounds only one of them: many
 //! clients each sending an allowed body would otherwise hold that many times the limit. So
-//! bodies are counted against `request_body_budget_bytes` as their bytes arrive (never as a
-//! `Content-Length` declares them), and released when the request is done with them.
+//! bodies are counted against `request_body_budget_bytes` as the parts holding them are
+//! allocated, at most one part ahead of the bytes received (never as a `Content-Length`
+//! declares them), and released when the request is done with them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -115,15 +115,16 @@ impl Body for HeldBody {
 pub struct BodyParts {
     body: HeldBody,
     filling: BytesMut,
-    /// The declared length, if any: no part is made larger than what is still to come.
-    declared: Option<usize>,
+    /// The most bytes the body may have (its declared length, or else the body limit): no
+    /// part is made larger than what may still come, so a body never allocates past it.
+    most: usize,
 }
 
 impl BodyParts {
-    /// An empty body; `declared` is its `Content-Length`, if it has one.
-    pub fn new(declared: Option<usize>) -> Self {
+    /// An empty body of at most `most` bytes: its `Content-Length`, or else the body limit.
+    pub fn new(most: usize) -> Self {
         Self {
-            declared,
+            most,
             ..Self::default()
         }
     }
@@ -133,21 +134,29 @@ impl BodyParts {
         self.body.len + self.filling.len()
     }
 
-    /// Copies `data` in after counting it in `charge`; false (nothing copied) when the
-    /// body budget refuses it.
+    /// Copies `data` in, counting each part's whole capacity in `charge` when the part is
+    /// made (the memory it takes, not only the bytes in it); false when the body budget
+    /// refuses the next part.
     pub fn push(&mut self, mut data: &[u8], charge: &mut BodyCharge<'_>) -> bool {
-        if !charge.try_add(data.len() as u64) {
-            return false;
-        }
         while !data.is_empty() {
-            if self.filling.len() == self.filling.capacity() {
-                self.start_part();
+            if self.filling.len() == self.filling.capacity() && !self.start_part(charge) {
+                return false;
             }
             let take = (self.filling.capacity() - self.filling.len()).min(data.len());
             self.filling.extend_from_slice(&data[..take]);
             data = &data[take..];
         }
         true
+    }
+
+    /// Room to read the next bytes of the body into: the part being filled, or a new one
+    /// counted in `charge` (None when the budget refuses it). Never more room than the
+    /// body's most length leaves, so a read into it cannot take the next request's bytes.
+    pub fn room(&mut self, charge: &mut BodyCharge<'_>) -> Option<&mut BytesMut> {
+        if self.filling.len() == self.filling.capacity() && !self.start_part(charge) {
+            return None;
+        }
+        Some(&mut self.filling)
     }
 
     /// Takes `bytes` as a part of its own, without a copy (bytes already held elsewhere,
@@ -167,17 +176,18 @@ impl BodyParts {
         self.body
     }
 
-    fn start_part(&mut self) {
+    fn start_part(&mut self, charge: &mut BodyCharge<'_>) -> bool {
         self.seal();
         let size = FIRST_PART
             .checked_shl(self.body.parts.len() as u32)
             .unwrap_or(LARGEST_PART)
             .min(LARGEST_PART);
-        let size = match self.declared {
-            Some(declared) => size.min(declared.saturating_sub(self.body.len)),
-            None => size,
-        };
-        self.filling = BytesMut::with_capacity(size.max(1));
+        let size = size.min(self.most.saturating_sub(self.body.len)).max(1);
+        if !charge.try_add(size as u64) {
+            return false;
+        }
+        self.filling = BytesMut::with_capacity(size);
+        true
     }
 
     fn seal(&mut self) {
@@ -205,7 +215,7 @@ mod tests {
         let budget = BodyBudget::new(u64::MAX);
         let mut charge = budget.charge();
         let declared = 3 * 1024 * 1024 + 17;
-        let mut parts = BodyParts::new(Some(declared));
+        let mut parts = BodyParts::new(declared);
         let data: Vec<u8> = (0..declared).map(|i| (i % 251) as u8).collect();
         // Reads of an awkward size, as a socket gives them.
         for read in data.chunks(7_001) {
@@ -234,10 +244,26 @@ mod tests {
     }
 
     #[test]
+    fn a_body_of_unknown_length_is_charged_for_the_parts_it_allocates() {
+        let budget = BodyBudget::new(u64::MAX);
+        let mut charge = budget.charge();
+        let mut parts = BodyParts::new(usize::MAX);
+        let sent = 2 * LARGEST_PART + 5;
+        for read in vec![7u8; sent].chunks(4_096) {
+            assert!(parts.push(read, &mut charge));
+        }
+        // 64 KiB doubling to 1 MiB, then 1 MiB parts: the last is mostly empty but allocated.
+        let allocated: usize = (0..5).map(|i| FIRST_PART << i).sum::<usize>() + LARGEST_PART;
+        assert!(allocated >= sent);
+        assert_eq!(charge.bytes(), allocated as u64);
+        assert_eq!(parts.finish().len(), sent);
+    }
+
+    #[test]
     fn a_joined_copy_is_counted_and_refused_without_room() {
         let budget = BodyBudget::new(4 * LARGEST_PART as u64);
         let mut charge = budget.charge();
-        let mut parts = BodyParts::new(None);
+        let mut parts = BodyParts::new(usize::MAX);
         assert!(parts.push(&vec![1; 3 * LARGEST_PART], &mut charge));
         let body = parts.finish();
         assert!(body.single().is_none(), "{} parts", body.parts().len());

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{BufMut, BytesMut};
 use http::header;
 use http::{Method, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
 use super::budget::BodyCharge;
@@ -111,6 +111,37 @@ async fn within<T>(
         done = write => done,
         () = deadline.reached(due) => Err(std::io::ErrorKind::TimedOut.into()),
     }
+}
+
+/// The most one read of a body takes: with a read per connection per round of a worker's
+/// tasks, this bounds how long a round of uploading connections keeps a small request waiting.
+const BODY_READ_MAX: usize = 64 * 1024;
+
+/// One read of a request body into `into`'s spare capacity (at most [`BODY_READ_MAX`]),
+/// which must bring bytes within `limit` (the body timeout).
+async fn read_body_into<R: AsyncRead + Unpin>(
+    io: &mut R,
+    into: &mut BytesMut,
+    limit: Duration,
+    deadline: &mut Deadline,
+) -> Result<(), BodyError> {
+    let due = Instant::now() + limit;
+    let mut room = into.limit(BODY_READ_MAX);
+    tokio::select! {
+        read = io.read_buf(&mut room) => match read {
+            Ok(n) if n > 0 => Ok(()),
+            _ => Err(BodyError::Closed),
+        },
+        () = deadline.reached(due) => Err(BodyError::TimedOut),
+    }
+}
+
+/// Lets the other connections on this worker, and its I/O driver, run between the reads of
+/// a body: a client uploading at full speed always has bytes ready, and a worker's runtime
+/// looks for new I/O events only between rounds of its tasks, so without this one upload
+/// delayed every small request on the worker by tens of milliseconds per round trip.
+async fn yield_to_other_connections() {
+    tokio::task::yield_now().await;
 }
 
 /// Writes and flushes every byte of `bufs`, in as few system calls as the socket allows; the
@@ -425,20 +456,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     return Ok(HeldBody::from(body));
                 }
                 // A declared length reserves nothing: parts grow as bytes arrive.
-                let mut parts = BodyParts::new(Some(n));
+                let mut parts = BodyParts::new(n);
                 if !parts.push_bytes(self.buf.split().freeze(), charge) {
                     return Err(BodyError::OverBudget);
                 }
                 if expects_continue {
                     self.send_continue(deadline).await?;
                 }
+                // Read straight into the parts, which never hold more than was declared.
                 while parts.gathered() < n {
-                    self.read_body_part(deadline).await?;
-                    let take = self.buf.len().min(n - parts.gathered());
-                    if !parts.push(&self.buf[..take], charge) {
-                        return Err(BodyError::OverBudget);
-                    }
-                    self.buf.advance(take);
+                    let room = parts.room(charge).ok_or(BodyError::OverBudget)?;
+                    read_body_into(&mut self.io, room, self.limits.body, deadline).await?;
+                    yield_to_other_connections().await;
                 }
                 Ok(parts.finish())
             }
@@ -447,7 +476,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     self.send_continue(deadline).await?;
                 }
                 let mut decoder = BodyDecoder::new(Framing::Chunked);
-                let mut parts = BodyParts::new(None);
+                let mut parts = BodyParts::new(usize::try_from(limit).unwrap_or(usize::MAX));
                 loop {
                     loop {
                         match decoder
@@ -466,21 +495,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                             Decoded::Done => return Ok(parts.finish()),
                         }
                     }
-                    self.read_body_part(deadline).await?;
+                    h1::reserve_read(&mut self.buf);
+                    read_body_into(&mut self.io, &mut self.buf, self.limits.body, deadline).await?;
+                    yield_to_other_connections().await;
                 }
             }
-        }
-    }
-
-    /// One read of a request body, which must bring bytes within the body timeout.
-    async fn read_body_part(&mut self, deadline: &mut Deadline) -> Result<(), BodyError> {
-        let due = Instant::now() + self.limits.body;
-        tokio::select! {
-            read = self.read_more() => match read {
-                Ok(n) if n > 0 => Ok(()),
-                _ => Err(BodyError::Closed),
-            },
-            () = deadline.reached(due) => Err(BodyError::TimedOut),
         }
     }
 

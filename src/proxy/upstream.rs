@@ -27,7 +27,7 @@ use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
-use super::routing::{session_key, Backend};
+use super::routing::{fingerprint_applies, fingerprint_key, header_key, Backend, SessionKey, Turn};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
 use crate::http_body::BoxError;
@@ -364,8 +364,8 @@ async fn read_and_forward(
     let mut body = Limited::new(body, limit as usize);
     // Copied into parts as frames arrive, so the frames (and the HTTP/2 connection's buffers
     // under them) are let go at once.
-    let declared = declared.and_then(|n| usize::try_from(n).ok());
-    let mut gathered = BodyParts::new(declared);
+    let most = usize::try_from(declared.unwrap_or(limit)).unwrap_or(usize::MAX);
+    let mut gathered = BodyParts::new(most);
     loop {
         match tokio::time::timeout(inner.client_limits.body, body.frame()).await {
             Ok(None) => break,
@@ -421,6 +421,30 @@ pub struct ClientRequest {
     pub body: HeldBody,
 }
 
+/// Bodies up to this size are fingerprinted on the worker that received them; parsing a
+/// larger one would hold up every other connection on that worker, so it runs on a
+/// blocking thread instead.
+const INLINE_FINGERPRINT_BYTES: usize = 256 * 1024;
+
+/// The fingerprint key of a chat body. A body of several parts is parsed from a joined copy,
+/// counted against the body budget and dropped once hashed: without room for it, no key.
+async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Option<SessionKey> {
+    if body.len() <= INLINE_FINGERPRINT_BYTES {
+        if let Some(one) = body.single() {
+            return fingerprint_key(one, turn);
+        }
+    }
+    let (inner, body) = (inner.clone(), body.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut copy = inner.body_budget.charge();
+        let whole = body.contiguous(&mut copy)?;
+        fingerprint_key(&whole, turn)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 /// Forwards one whole request: routes it by its session key, sends it with failover before
 /// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
 /// the backend's response, whose body streams through frame by frame while the metrics and
@@ -443,24 +467,13 @@ pub async fn forward(
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let key_of = |body: &[u8]| {
-        session_key(
-            &headers,
-            &pool.affinity.headers,
-            pool.affinity.fingerprint,
-            &method,
-            path_and_query.path(),
-            body,
-        )
-    };
-    let key = match body.single() {
-        Some(one) => key_of(one),
-        // Only a fingerprint needs a body of several parts whole: a copy, counted against the
-        // body budget and dropped once hashed. Without room for it, no fingerprint.
-        None => key_of(&[]).or_else(|| {
-            let mut copy = inner.body_budget.charge();
-            body.contiguous(&mut copy).and_then(|whole| key_of(&whole))
-        }),
+    let turn = Turn::of_parts(body.parts().map(|p| &p[..]));
+    let key = match header_key(&headers, &pool.affinity.headers, turn) {
+        Some(key) => Some(key),
+        None if fingerprint_applies(pool.affinity.fingerprint, &method, path_and_query.path()) => {
+            body_fingerprint(inner, &body, turn).await
+        }
+        None => None,
     };
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
     // The recorder keeps the request as the client sent it; the forwarded copy is edited.

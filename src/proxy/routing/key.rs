@@ -35,11 +35,36 @@ pub struct Turn {
 impl Turn {
     /// The turn a request body carries.
     pub fn of_body(body: &[u8]) -> Self {
-        Self {
-            context_bytes: body.len() as u64,
-            // Only a JSON string that is exactly `assistant` has both quotes unescaped.
-            continues: memchr::memmem::find(body, b"\"assistant\"").is_some(),
+        Self::of_parts([body])
+    }
+
+    /// The turn a body held in parts carries, read without joining the parts.
+    pub fn of_parts<'p>(parts: impl IntoIterator<Item = &'p [u8]>) -> Self {
+        // Only a JSON string that is exactly `assistant` has both quotes unescaped.
+        const NEEDLE: &[u8] = b"\"assistant\"";
+        const KEEP: usize = NEEDLE.len() - 1;
+        let finder = memchr::memmem::Finder::new(NEEDLE);
+        let mut turn = Self::default();
+        // The last bytes before the current part, so a needle cut across parts is found.
+        let mut seam: Vec<u8> = Vec::with_capacity(2 * KEEP);
+        for part in parts {
+            turn.context_bytes += part.len() as u64;
+            if turn.continues {
+                continue;
+            }
+            seam.extend_from_slice(&part[..part.len().min(KEEP)]);
+            if finder.find(&seam).is_some() || finder.find(part).is_some() {
+                turn.continues = true;
+                continue;
+            }
+            if part.len() >= KEEP {
+                seam.clear();
+                seam.extend_from_slice(&part[part.len() - KEEP..]);
+            } else {
+                seam.drain(..seam.len().saturating_sub(KEEP));
+            }
         }
+        turn
     }
 }
 
@@ -97,22 +122,32 @@ pub fn session_key(
     path: &str,
     body: &[u8],
 ) -> Option<SessionKey> {
-    for name in names {
-        if let Some(bytes) = headers.first(name.as_str()) {
-            if !bytes.is_empty() {
-                let text = String::from_utf8_lossy(bytes).into_owned();
-                let key = SessionKey::new(text, KeySource::Header);
-                return Some(key.with_turn(Turn::of_body(body)));
-            }
-        }
-    }
-    if fingerprint && method == Method::POST && path.ends_with("/chat/completions") {
-        return conversation_fingerprint(body).map(|fp| {
-            SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint)
-                .with_turn(Turn::of_body(body))
-        });
-    }
-    None
+    let turn = Turn::of_body(body);
+    header_key(headers, names, turn).or_else(|| {
+        fingerprint_applies(fingerprint, method, path)
+            .then(|| fingerprint_key(body, turn))
+            .flatten()
+    })
+}
+
+/// The key from the first of `names` present and non-empty in `headers`.
+pub fn header_key(headers: &impl Fields, names: &[HeaderName], turn: Turn) -> Option<SessionKey> {
+    names.iter().find_map(|name| {
+        let bytes = headers.first(name.as_str()).filter(|b| !b.is_empty())?;
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        Some(SessionKey::new(text, KeySource::Header).with_turn(turn))
+    })
+}
+
+/// Whether a request without a header key is keyed by its body's conversation fingerprint.
+pub fn fingerprint_applies(fingerprint: bool, method: &Method, path: &str) -> bool {
+    fingerprint && method == Method::POST && path.ends_with("/chat/completions")
+}
+
+/// The key from a chat body's conversation fingerprint, if it has one.
+pub fn fingerprint_key(body: &[u8], turn: Turn) -> Option<SessionKey> {
+    conversation_fingerprint(body)
+        .map(|fp| SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint).with_turn(turn))
 }
 
 /// Hash of the model, the first system message and the first user message of a chat body:

@@ -35,7 +35,10 @@ use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
 use super::metrics::BackendMetrics;
 
 pub use hash::{hash64, rendezvous_score};
-pub use key::{conversation_fingerprint, session_key, SessionKey, Turn};
+pub use key::{
+    conversation_fingerprint, fingerprint_applies, fingerprint_key, header_key, session_key,
+    SessionKey, Turn,
+};
 pub use table::{SessionId, SessionTable, SessionView};
 
 // ---------------------------------------------------------------------------------------------

@@ -467,6 +467,19 @@ fn turn_tells_a_continuing_conversation_from_a_first_turn() {
     assert!(!Turn::of_body(quoted).continues);
 }
 
+#[test]
+fn turn_of_a_body_in_parts_equals_the_turn_of_the_whole_body_wherever_it_is_cut() {
+    for body in [FIRST_TURN, LATER_TURN] {
+        let whole = Turn::of_body(body);
+        for cut in 0..=body.len() {
+            for second in cut..=body.len() {
+                let parts = [&body[..cut], &body[cut..second], &body[second..]];
+                assert_eq!(Turn::of_parts(parts), whole, "cut at {cut} and {second}");
+            }
+        }
+    }
+}
+
 /// A new session leaves its first choice for the candidate holding the least context, and its
 /// later turns stay there (bound) even once that backend holds the most.
 #[test]
