@@ -358,7 +358,7 @@ async fn closed_segments_shipped_by_rclone_export_like_the_source() {
     let root = tempfile::tempdir().unwrap();
     let (src, dst) = (root.path().join("pod-0"), root.path().join("bucket/pod-0"));
     let mut capture = config(&src);
-    capture.rotate_age_s = 1;
+    capture.rotate_age_secs = 1;
     capture.flush_interval_ms = 100;
     let (stop, shutdown) = agentrace::shutdown::channel();
     let proxy = start_proxy(&sim.addrs(), Some(capture), shutdown).await;
