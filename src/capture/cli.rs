@@ -30,10 +30,12 @@ pub enum CaptureCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Print the records as JSONL with every body whole.
+    /// Print the records as JSONL with every body whole; several replicas' records merged by
+    /// end time.
     Cat {
-        /// The capture directory.
-        dir: PathBuf,
+        /// Capture directories (one per replica), or a directory of replica directories.
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// Only this session key.
         #[arg(long)]
         session: Option<String>,
@@ -87,7 +89,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(())
         }
-        CaptureCommand::Cat { dir, session } => cat(&dir, session.as_deref(), &mut out),
+        CaptureCommand::Cat { dirs, session } => cat(&dirs, session.as_deref(), &mut out),
         CaptureCommand::Export {
             dirs,
             out: path,
@@ -360,18 +362,16 @@ pub fn stats(paths: &[PathBuf]) -> anyhow::Result<CaptureStats> {
     Ok(s)
 }
 
-fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+fn cat(paths: &[PathBuf], session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+    let dirs = merge::capture_dirs(paths)?;
     let mut printed = 0u64;
-    let cuts = reader::for_each(dir, |_, entry| {
-        if let Entry::Exchange(e) = entry {
-            if session.is_none() || e.record.session.as_deref() == session {
-                printed += 1;
-                let line = format::Line::Exchange(Box::new(e.expanded()));
-                serde_json::to_writer(&mut *out, &line)
-                    .map_err(|e| super::CaptureError::io(dir, e.into()))?;
-                out.write_all(b"\n")
-                    .map_err(|e| super::CaptureError::io(dir, e))?;
-            }
+    let write_err = |e: std::io::Error| super::CaptureError::io(Path::new("<stdout>"), e);
+    let cuts = merge::for_each_exchange(&dirs, |e| {
+        if session.is_none() || e.record.session.as_deref() == session {
+            printed += 1;
+            let line = format::Line::Exchange(Box::new(e.expanded()));
+            serde_json::to_writer(&mut *out, &line).map_err(|e| write_err(e.into()))?;
+            out.write_all(b"\n").map_err(write_err)?;
         }
         Ok(())
     })?;
@@ -380,7 +380,7 @@ fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Resul
     }
     // An empty answer to a named session is more likely a typo than a fact worth exit 0.
     if let (Some(key), 0) = (session, printed) {
-        anyhow::bail!("{}: no exchange of session {key:?}", dir.display());
+        anyhow::bail!("{}: no exchange of session {key:?}", merge::names(paths));
     }
     Ok(())
 }
