@@ -65,6 +65,11 @@ pub enum CaptureCommand {
         /// history's growth where start times within this disagree with it.
         #[arg(long, default_value_t = export::DEFAULT_MAX_SKEW_MS)]
         max_skew_ms: u64,
+        /// MiB of turns (and of rows) held in memory; beyond it they are sorted into spill
+        /// files beside --out, so memory stays bounded however large the capture.
+        #[arg(long, default_value_t = (export::DEFAULT_SORT_BUFFER_BYTES >> 20) as u64,
+              value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+        sort_buffer_mb: u64,
     },
 }
 
@@ -98,6 +103,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
             until,
             redact_content,
             max_skew_ms,
+            sort_buffer_mb,
         } => {
             let time = |flag: &str, v: Option<String>| -> anyhow::Result<Option<u64>> {
                 v.map(|t| parse_time(&t).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
@@ -109,6 +115,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
                 until_unix_ns: time("until", until)?,
                 redact_content,
                 max_skew_ms,
+                sort_buffer_bytes: (sort_buffer_mb as usize) << 20,
             };
             let report = export::export_dirs(&dirs, &path, &opts)?;
             for cut in &report.cuts {

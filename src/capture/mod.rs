@@ -14,6 +14,7 @@ pub mod open_loop;
 pub mod reader;
 pub mod redact;
 pub mod sink;
+mod spill;
 mod turns;
 pub mod writer;
 
