@@ -17,7 +17,8 @@
 //!    turns recorded twice, once round-robin over 3 replica recorders (10,000 exchanges each)
 //!    and once into one directory; then `agentrace capture export` of each under
 //!    `/usr/bin/time -v`: wall time and peak RSS of the fleet merge against the one directory,
-//!    in the same run. `scripts/bench-capture-fleet.sh` runs it.
+//!    in the same run. `FLEET_WAVES=N` records N such batches one after another (N × 10,000
+//!    exchanges per replica). `scripts/bench-capture-fleet.sh [N]` runs it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -461,9 +462,14 @@ async fn throughput_bench() {
 
 /// Records `sessions` agent sessions of `turns` turns into one recorder per entry of
 /// `recorders`, turn `t` of session `s` into recorder `(s + t) % n`, stamped as if each turn
-/// came 2 s after the previous one.
-async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize) {
-    let t0: u128 = 1_795_000_000_000_000_000;
+/// came 2 s after the previous one; `wave` numbers a batch of sessions that starts after the
+/// previous batch ended (its own session keys).
+async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize, wave: usize) {
+    let t0: u128 = 1_795_000_000_000_000_000 + (wave * turns) as u128 * 2_000_000_000;
+    let written: Vec<u64> = recorders
+        .iter()
+        .map(|r| r.stats().records_written)
+        .collect();
     let mut headers = http::HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());
     let mut resp_headers = http::HeaderMap::new();
@@ -479,7 +485,8 @@ async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize) 
         .collect();
     for t in 0..turns {
         for (s, history) in histories.iter_mut().enumerate() {
-            let rec = &recorders[(s + t) % recorders.len()];
+            let r = (s + t) % recorders.len();
+            let rec = &recorders[r];
             let body = serde_json::to_vec(&json!({"model": "m", "messages": history,
                 "max_completion_tokens": 256, "stream": true}))
             .unwrap();
@@ -500,7 +507,7 @@ async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize) 
             .collect();
             let now = Instant::now();
             let mut obs = rec.sink.start(ExchangeStart {
-                session_key: Some(format!("fleet-{s}")),
+                session_key: Some(format!("fleet-{wave}-{s}")),
                 key_source: KeySource::Header,
                 backend: "b0".into(),
                 started_unix_ns: t0 + t as u128 * 2_000_000_000 + s as u128 * 1_000_000,
@@ -523,7 +530,7 @@ async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize) 
                 "content": format!("running {s}/{t}: ").repeat(30)}));
             // Keep the writer's queue from overflowing (the recorder drops, never blocks, here).
             while rec.stats().records_written + 4000
-                < (t * sessions + s + 1) as u64 / recorders.len() as u64
+                < written[r] + (t * sessions + s + 1) as u64 / recorders.len() as u64
             {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
@@ -560,6 +567,12 @@ fn timed_export(dirs: &[PathBuf], out: &std::path::Path) -> (f64, u64, String) {
 
 async fn fleet_bench() {
     let (sessions, turns, replicas) = (1500, 20, 3);
+    // Batches of 1,500 sessions one after the other: the capture grows, the sessions open at
+    // once do not.
+    let waves: usize = std::env::var("FLEET_WAVES")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
     let tmp = tempfile::tempdir().unwrap();
     let config = |dir: PathBuf, replica: &str| CaptureConfig {
         enabled: true,
@@ -577,7 +590,9 @@ async fn fleet_bench() {
         .enumerate()
         .map(|(i, d)| Recorder::start(&config(d.clone(), &format!("replica-{i}"))).unwrap())
         .collect();
-    record_sessions(&recorders, sessions, turns).await;
+    for wave in 0..waves {
+        record_sessions(&recorders, sessions, turns, wave).await;
+    }
     for r in recorders {
         let stats = r.stats();
         assert_eq!(stats.records_dropped, 0, "{stats:?}");
@@ -585,12 +600,14 @@ async fn fleet_bench() {
     }
     let single = vec![tmp.path().join("single")];
     let rec = Recorder::start(&config(single[0].clone(), "single")).unwrap();
-    record_sessions(std::slice::from_ref(&rec), sessions, turns).await;
+    for wave in 0..waves {
+        record_sessions(std::slice::from_ref(&rec), sessions, turns, wave).await;
+    }
     assert_eq!(rec.stats().records_dropped, 0);
     rec.finish().await;
     println!(
-        "fleet: {sessions} sessions x {turns} turns = {} exchanges: {replicas} replica directories of {} bytes vs one of {} bytes",
-        sessions * turns,
+        "fleet: {waves} x {sessions} sessions x {turns} turns = {} exchanges: {replicas} replica directories of {} bytes vs one of {} bytes",
+        waves * sessions * turns,
         dir_bytes(&tmp.path().join("fleet").join("replica-0"))
             + dir_bytes(&tmp.path().join("fleet").join("replica-1"))
             + dir_bytes(&tmp.path().join("fleet").join("replica-2")),

@@ -282,3 +282,69 @@ async fn conversations_without_a_system_prompt_are_flagged_for_an_unsalted_repla
     let err = dataset.check_salt_preflight().unwrap_err().to_string();
     assert!(err.contains("--salt false"), "{err}");
 }
+
+// An export holds one session at a time, not the capture: with a sort buffer far smaller than
+// the capture, three replicas' turns of 30 interleaved sessions go through spill files and
+// come back one session at a time (one conversation held at once), and the dataset is the
+// one an export that fits in memory writes, row for row, in order of first appearance.
+#[tokio::test]
+async fn export_spills_past_its_buffer_and_holds_one_session_at_a_time() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs: Vec<std::path::PathBuf> = (0..3)
+        .map(|i| root.path().join(format!("pod-{i}")))
+        .collect();
+    let recorders: Vec<Recorder> = dirs
+        .iter()
+        .map(|d| Recorder::start(&config(d)).unwrap())
+        .collect();
+    let (sessions, turns) = (30, 4);
+    let bodies: Vec<Vec<Vec<u8>>> = (0..sessions)
+        .map(|s| agent_bodies(&format!("s{s}"), turns))
+        .collect();
+    let t0: u128 = 1_790_000_000_000_000_000;
+    for t in 0..turns {
+        for (s, session) in bodies.iter().enumerate() {
+            let mut ex =
+                FakeExchange::chat(Some(&format!("session-{s:02}")), session[t].clone(), "ok");
+            // Session 29 starts first, session 0 last: appearance is not key order.
+            ex.start_unix_ns = Some(t0 + (t as u128 * 100 + (sessions - s) as u128) * 1_000_000);
+            drive(recorders[(s + t) % 3].sink.as_ref(), &ex);
+        }
+    }
+    for r in recorders {
+        r.finish().await;
+    }
+    let in_memory = root.path().join("mem.jsonl");
+    let whole = export::export_dirs(&dirs, &in_memory, &ExportOptions::default()).unwrap();
+    assert_eq!(whole.spill_runs, 0, "{whole:?}");
+    let spilled = root.path().join("out").join("spilled.jsonl.zst");
+    let opts = ExportOptions {
+        sort_buffer_bytes: 16 << 10,
+        ..ExportOptions::default()
+    };
+    let report = export::export_dirs(&dirs, &spilled, &opts).unwrap();
+    assert!(report.spill_runs >= 4, "{report:?}");
+    assert_eq!(report.peak_conversations_held, 1, "{report:?}");
+    assert_eq!(
+        (report.conversations, report.client_turns),
+        (sessions, sessions * turns)
+    );
+    let rows = read_rows(&spilled);
+    assert_eq!(rows, read_rows(&in_memory));
+    let mut order: Vec<&str> = rows
+        .iter()
+        .map(|r| r["conversation_id"].as_str().unwrap())
+        .collect();
+    order.dedup();
+    let want: Vec<String> = (0..sessions)
+        .rev()
+        .map(|s| format!("session-{s:02}"))
+        .collect();
+    assert_eq!(order, want);
+    // Nothing but the dataset is left beside it.
+    let left: Vec<_> = std::fs::read_dir(root.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["spilled.jsonl.zst"]);
+}

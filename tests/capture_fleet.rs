@@ -25,7 +25,8 @@ struct Sent {
     session: String,
     /// Messages of the last request, then the last reply.
     history: Vec<Value>,
-    /// Per turn after the first: time from the previous response's end to this request (s).
+    /// Per turn after the first: time from the previous response's end to this request (s),
+    /// as the client's sockets saw them.
     delays: Vec<f64>,
 }
 
@@ -54,13 +55,17 @@ async fn conversation(
         let body = serde_json::to_vec(&json!({"model": "m", "messages": messages,
             "max_completion_tokens": 32, "stream": true, "temperature": 0.25}))
         .unwrap();
-        if let Some(done) = done {
+        if done.is_some() {
             // Think time, varied per turn.
             tokio::time::sleep(Duration::from_millis(15 + 10 * (turn as u64 % 3))).await;
-            delays.push(done.elapsed().as_secs_f64());
         }
-        let (status, frames) = replicas[route(turn)].post(session, body).await;
-        done = Some(Instant::now());
+        let (status, frames, sent, received) = replicas[route(turn)].post(session, body).await;
+        // The wait as the export defines it: from the previous response's last byte to this
+        // request's first, both where the client's sockets read and wrote them.
+        if let Some(done) = done {
+            delays.push(sent.duration_since(done).as_secs_f64());
+        }
+        done = Some(received);
         assert_eq!(status, 200, "{session} turn {turn}");
         reply = agentrace::capture::export::assistant_from_sse(&frames.concat()).unwrap();
         if turn + 1 == turns {
@@ -76,10 +81,86 @@ async fn conversation(
     }
 }
 
+/// When a connection's socket last delivered bytes, and first took bytes since asked.
+#[derive(Default)]
+struct WireTimes {
+    last_read: Option<Instant>,
+    first_write: Option<Instant>,
+}
+
+/// A TCP stream noting when bytes cross it, so the client's times are those of its socket,
+/// not of the task that later looks at the bytes.
+struct TimedStream {
+    tcp: tokio::net::TcpStream,
+    times: Arc<std::sync::Mutex<WireTimes>>,
+}
+
+impl tokio::io::AsyncRead for TimedStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = std::pin::Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if matches!(poll, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.times.lock().unwrap().last_read = Some(Instant::now());
+        }
+        poll
+    }
+}
+
+impl tokio::io::AsyncWrite for TimedStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let at = Instant::now();
+        let poll = std::pin::Pin::new(&mut self.tcp).poll_write(cx, data);
+        if matches!(poll, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.times.lock().unwrap().first_write.get_or_insert(at);
+        }
+        poll
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let at = Instant::now();
+        let poll = std::pin::Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        if matches!(poll, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.times.lock().unwrap().first_write.get_or_insert(at);
+        }
+        poll
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
 /// One kept-alive HTTP/1.1 connection to a proxy replica.
 struct Replica {
     send: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
     url: http::Uri,
+    times: Arc<std::sync::Mutex<WireTimes>>,
 }
 
 impl Replica {
@@ -88,15 +169,26 @@ impl Replica {
         let tcp = tokio::net::TcpStream::connect(url.authority().unwrap().as_str())
             .await
             .unwrap();
-        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
+        let times = Arc::new(std::sync::Mutex::new(WireTimes::default()));
+        let stream = TimedStream {
+            tcp,
+            times: times.clone(),
+        };
+        let (send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
         tokio::spawn(conn);
-        Self { send, url }
+        Self { send, url, times }
     }
 
-    /// Posts a chat body of `session`; the status and the response's data frames.
-    async fn post(&mut self, session: &str, body: Vec<u8>) -> (u16, Vec<bytes::Bytes>) {
+    /// Posts a chat body of `session`: the status, the response's data frames, when the
+    /// request's first byte went out and when the response's last byte came in.
+    async fn post(
+        &mut self,
+        session: &str,
+        body: Vec<u8>,
+    ) -> (u16, Vec<bytes::Bytes>, Instant, Instant) {
         let req = http::Request::post(self.url.path())
             .header("host", self.url.authority().unwrap().as_str())
             .header("content-type", "application/json")
@@ -104,9 +196,14 @@ impl Replica {
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .unwrap();
         self.send.ready().await.unwrap();
+        self.times.lock().unwrap().first_write = None;
         let resp = self.send.send_request(req).await.unwrap();
         let status = resp.status().as_u16();
-        (status, data_frames(resp.into_body()).await)
+        let frames = data_frames(resp.into_body()).await;
+        let times = self.times.lock().unwrap();
+        let sent = times.first_write.expect("the request was written");
+        let received = times.last_read.expect("the response was read");
+        (status, frames, sent, received)
     }
 }
 
@@ -203,7 +300,9 @@ fn run_cli(args: &[&str]) -> String {
 // Three replicas, six conversations of four turns sent round the replicas, and one whose turns
 // alternate between two replicas with one replica's clock 300 ms behind: the export of all
 // three directories has exactly the client's conversations turn for turn, the delays the
-// client waited (never 5 ms shorter, at most 15 ms longer), the skewed conversation put in
+// client waited within 5 ms (from the last byte of a response to the first byte of the next
+// request, as its sockets saw them; 16 of 18 delays, the rest never shorter and within 50 ms,
+// for a loaded machine), the skewed conversation put in
 // order by its history (2 turns decided so); it validates and replays. One directory alone
 // misses turns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,6 +353,8 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
     );
     assert_eq!(report.turns_ordered_by_history, 2, "{report:?}");
     let rows = read_rows(&out);
+    // (session, exported delay, client's wait) of every turn after a first.
+    let mut delays: Vec<(String, f64, f64)> = Vec::new();
     for s in &sent {
         let conv: Vec<&Value> = rows
             .iter()
@@ -272,16 +373,26 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
         assert!(client_rows[0].get("delay_seconds").is_none());
         for (row, want) in client_rows[1..].iter().zip(&s.delays) {
             let got = row["delay_seconds"].as_f64().unwrap();
-            // The proxies see a reply end before the client has read it and the next request
-            // after the client sent it, so a delay is never much shorter than the wait; it has
-            // been seen up to 9 ms longer in debug builds, past the 5 ms aimed for.
-            assert!(
-                got > want - 0.005 && got < want + 0.015,
-                "{}: delay {got} s, the client waited {want} s",
-                s.session
-            );
+            delays.push((s.session.clone(), got, *want));
         }
     }
+    // Both ends are wire times: the proxy stamps a response's end as it hands the last bytes
+    // on and a request's start as its head arrives, the client its socket's last read and
+    // first write; only loopback and scheduling lie between them. Scheduling only lengthens a
+    // delay, so none may be more than 5 ms shorter; on a machine with more runnable threads
+    // than cores a proxy thread can wait over 5 ms for a core between the client's write and
+    // its read, so 90% of the delays (16 of 18) must be within 5 ms, and the rest within 50.
+    let within = |d: &&(String, f64, f64), ms: f64| (d.1 - d.2).abs() <= ms / 1e3;
+    assert!(
+        delays
+            .iter()
+            .all(|d| d.1 >= d.2 - 0.005 && within(&d, 50.0)),
+        "{delays:?}"
+    );
+    assert!(
+        delays.iter().filter(|d| within(d, 5.0)).count() >= 16,
+        "{delays:?}"
+    );
 
     // The command line takes the directory of replica directories and says what it merged.
     let root_arg = fleet.to_str().unwrap();
@@ -309,6 +420,31 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
     );
     let ls = run_cli(&["capture", "ls", root_arg]);
     assert!(ls.contains("replica pod-2"), "{ls}");
+    // `cat` reads a fleet too: one session's records from all three replicas, in time order;
+    // a session none of them holds is an error naming it.
+    let cat = run_cli(&["capture", "cat", root_arg, "--session", "fleet-0"]);
+    let starts: Vec<u64> = cat
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["start_unix_ns"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(starts.len(), 4, "{cat}");
+    assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
+    let unknown = Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["capture", "cat"])
+        .args(&dirs)
+        .args(["--session", "nosuch"])
+        .output()
+        .unwrap();
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no exchange of session \"nosuch\""),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
 
     // One replica's directory alone loses turns other replicas saw after its last request.
     let alone = export::export(
@@ -358,7 +494,7 @@ async fn closed_segments_shipped_by_rclone_export_like_the_source() {
     let root = tempfile::tempdir().unwrap();
     let (src, dst) = (root.path().join("pod-0"), root.path().join("bucket/pod-0"));
     let mut capture = config(&src);
-    capture.rotate_age_s = 1;
+    capture.rotate_age_secs = 1;
     capture.flush_interval_ms = 100;
     let (stop, shutdown) = agentrace::shutdown::channel();
     let proxy = start_proxy(&sim.addrs(), Some(capture), shutdown).await;

@@ -166,9 +166,9 @@ fn seconds(d: &str) -> u64 {
 fn capture_sidecar_ships_only_closed_segments_under_the_pod_name() {
     let cm = manifest("configmap.yaml");
     let config = ProxyConfig::from_toml_str(str_at(&cm, &["data", "proxy.toml"])).unwrap();
-    let closed_after = config.capture.rotate_age_s + config.capture.flush_interval_ms / 1000 + 1;
+    let closed_after = config.capture.rotate_age_secs + config.capture.flush_interval_ms / 1000 + 1;
     assert!(
-        config.capture.rotate_age_s <= 300,
+        config.capture.rotate_age_secs <= 300,
         "segments wait too long to ship"
     );
 
@@ -196,7 +196,7 @@ fn capture_sidecar_ships_only_closed_segments_under_the_pod_name() {
         .expect("the periodic copy sets --min-age");
     assert!(
         seconds(min_age) > closed_after,
-        "--min-age {min_age} must exceed rotate_age_s + flush interval ({closed_after} s)"
+        "--min-age {min_age} must exceed rotate_age_secs + flush interval ({closed_after} s)"
     );
     assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > config.shutdown_grace_secs);
 }

@@ -30,10 +30,12 @@ pub enum CaptureCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Print the records as JSONL with every body whole.
+    /// Print the records as JSONL with every body whole; several replicas' records merged by
+    /// end time.
     Cat {
-        /// The capture directory.
-        dir: PathBuf,
+        /// Capture directories (one per replica), or a directory of replica directories.
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
         /// Only this session key.
         #[arg(long)]
         session: Option<String>,
@@ -63,6 +65,11 @@ pub enum CaptureCommand {
         /// history's growth where start times within this disagree with it.
         #[arg(long, default_value_t = export::DEFAULT_MAX_SKEW_MS)]
         max_skew_ms: u64,
+        /// MiB of turns (and of rows) held in memory; beyond it they are sorted into spill
+        /// files beside --out, so memory stays bounded however large the capture.
+        #[arg(long, default_value_t = (export::DEFAULT_SORT_BUFFER_BYTES >> 20) as u64,
+              value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+        sort_buffer_mb: u64,
     },
 }
 
@@ -87,7 +94,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(())
         }
-        CaptureCommand::Cat { dir, session } => cat(&dir, session.as_deref(), &mut out),
+        CaptureCommand::Cat { dirs, session } => cat(&dirs, session.as_deref(), &mut out),
         CaptureCommand::Export {
             dirs,
             out: path,
@@ -96,6 +103,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
             until,
             redact_content,
             max_skew_ms,
+            sort_buffer_mb,
         } => {
             let time = |flag: &str, v: Option<String>| -> anyhow::Result<Option<u64>> {
                 v.map(|t| parse_time(&t).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
@@ -107,6 +115,7 @@ fn run_blocking(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
                 until_unix_ns: time("until", until)?,
                 redact_content,
                 max_skew_ms,
+                sort_buffer_bytes: (sort_buffer_mb as usize) << 20,
             };
             let report = export::export_dirs(&dirs, &path, &opts)?;
             for cut in &report.cuts {
@@ -360,18 +369,16 @@ pub fn stats(paths: &[PathBuf]) -> anyhow::Result<CaptureStats> {
     Ok(s)
 }
 
-fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+fn cat(paths: &[PathBuf], session: Option<&str>, out: &mut impl Write) -> anyhow::Result<()> {
+    let dirs = merge::capture_dirs(paths)?;
     let mut printed = 0u64;
-    let cuts = reader::for_each(dir, |_, entry| {
-        if let Entry::Exchange(e) = entry {
-            if session.is_none() || e.record.session.as_deref() == session {
-                printed += 1;
-                let line = format::Line::Exchange(Box::new(e.expanded()));
-                serde_json::to_writer(&mut *out, &line)
-                    .map_err(|e| super::CaptureError::io(dir, e.into()))?;
-                out.write_all(b"\n")
-                    .map_err(|e| super::CaptureError::io(dir, e))?;
-            }
+    let write_err = |e: std::io::Error| super::CaptureError::io(Path::new("<stdout>"), e);
+    let cuts = merge::for_each_exchange(&dirs, |e| {
+        if session.is_none() || e.record.session.as_deref() == session {
+            printed += 1;
+            let line = format::Line::Exchange(Box::new(e.expanded()));
+            serde_json::to_writer(&mut *out, &line).map_err(|e| write_err(e.into()))?;
+            out.write_all(b"\n").map_err(write_err)?;
         }
         Ok(())
     })?;
@@ -380,7 +387,7 @@ fn cat(dir: &Path, session: Option<&str>, out: &mut impl Write) -> anyhow::Resul
     }
     // An empty answer to a named session is more likely a typo than a fact worth exit 0.
     if let (Some(key), 0) = (session, printed) {
-        anyhow::bail!("{}: no exchange of session {key:?}", dir.display());
+        anyhow::bail!("{}: no exchange of session {key:?}", merge::names(paths));
     }
     Ok(())
 }

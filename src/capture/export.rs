@@ -1,7 +1,9 @@
 //! Turns a capture into an MLPerf agentic dataset: each session's chat requests become
 //! user/tool rows, each reply an assistant row (the inline scorer's ground truth: the reply as
 //! the agent echoed it in its next request, else the recorded response), and the gap between a
-//! response's end and the next request's start its `delay_seconds`.
+//! response's end and the next request's start its `delay_seconds`. Turns are sorted by
+//! session through bounded spill files ([`super::spill`]) and built one session at a time,
+//! so an export holds a buffer and one session, never the whole capture.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -10,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::reader::{Cut, Exchange};
+use super::spill::{Group, RowStore, Sorter, Spilled};
 use super::CaptureError;
 
 /// Which exchanges to export and how.
@@ -26,6 +29,9 @@ pub struct ExportOptions {
     /// How far apart the replicas' clocks may be (ms): a turn is held this long past its
     /// start for an earlier turn of its session that another replica stamped later.
     pub max_skew_ms: u64,
+    /// Bytes of turns (and, separately, of rows) held in memory before they are spilled to
+    /// files beside the output.
+    pub sort_buffer_bytes: usize,
 }
 
 impl Default for ExportOptions {
@@ -36,12 +42,16 @@ impl Default for ExportOptions {
             until_unix_ns: None,
             redact_content: false,
             max_skew_ms: DEFAULT_MAX_SKEW_MS,
+            sort_buffer_bytes: DEFAULT_SORT_BUFFER_BYTES,
         }
     }
 }
 
 /// Clocks synchronised by NTP agree within milliseconds; a second leaves a wide margin.
 pub const DEFAULT_MAX_SKEW_MS: u64 = 1000;
+
+/// Enough to export most captures without touching the disk; small beside a proxy's memory.
+pub const DEFAULT_SORT_BUFFER_BYTES: usize = 64 << 20;
 
 /// What an export wrote and what it left out.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -66,6 +76,10 @@ pub struct ExportReport {
     /// Turns placed before one with an earlier start time because their history is a prefix
     /// of its history: the replicas' clocks disagreed with the conversation's order.
     pub turns_ordered_by_history: u64,
+    /// Sorted runs of turns written to spill files (0: everything fitted in the buffer).
+    pub spill_runs: usize,
+    /// Most conversations whose rows were held at once: those of one session.
+    pub peak_conversations_held: usize,
     /// Segments that end early.
     pub cuts: Vec<Cut>,
 }
@@ -77,52 +91,93 @@ pub fn export(dir: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportRepo
 
 /// Exports the captures of several replicas as one dataset: one conversation per session key
 /// across all of them, turns in start order (history order where the clocks disagree with
-/// it), delays across replicas. Each directory may also be a directory of replica
-/// directories.
+/// it), delays across replicas, conversations in the order they first appeared. Each
+/// directory may also be a directory of replica directories.
+///
+/// Two passes: the replicas' exchanges are read once into turns sorted by session (spilled
+/// past `sort_buffer_bytes`), then each session's turns are ordered and made rows, and its
+/// memory let go, before the next session's.
 pub fn export_dirs(
     paths: &[PathBuf],
     out: &Path,
     opts: &ExportOptions,
 ) -> Result<ExportReport, CaptureError> {
+    if opts.sort_buffer_bytes == 0 {
+        return Err(CaptureError::Invalid(
+            "sort buffer: must be at least 1 byte".into(),
+        ));
+    }
     let dirs = super::merge::capture_dirs(paths)?;
     let mut builder = Builder::new(opts.clone());
-    let mut window = super::turns::Window::new(opts.max_skew_ms.saturating_mul(1_000_000));
+    let mut sorter = Sorter::new(out, opts.sort_buffer_bytes);
+    let mut seq = 0u64;
     let cuts = super::merge::for_each_exchange(&dirs, |e| {
-        if let Some(turn) = builder.prepare(&e) {
-            window.push(turn, e.end_unix_ns(), &mut builder);
+        seq += 1;
+        match builder.admit(e, seq) {
+            Some(turn) => sorter.push(turn),
+            None => Ok(()),
         }
-        Ok(())
     })?;
+    let mut sorted = sorter.finish()?;
+    let mut rows = RowStore::new(out, opts.sort_buffer_bytes);
+    let mut window = super::turns::Window::new(opts.max_skew_ms.saturating_mul(1_000_000));
+    let mut group: Option<Group> = None;
+    while let Some(spilled) = sorted.next_turn()? {
+        if group.as_ref() != Some(&spilled.group) {
+            window.finish(&mut builder);
+            builder.flush(&mut rows)?;
+            group = Some(spilled.group.clone());
+        }
+        if let Some(turn) = builder.parse(spilled) {
+            let start = turn.start_unix_ns;
+            window.push(turn, start, &mut builder);
+        }
+    }
     window.finish(&mut builder);
-    let (rows, mut report) = builder.finish();
+    builder.flush(&mut rows)?;
+    let mut report = builder.report;
+    report.spill_runs = sorted.runs();
+    drop(sorted);
     report.cuts = cuts;
     report.directories = dirs.len();
     report.turns_ordered_by_history = window.ordered_by_history;
     report.out = out.to_path_buf();
-    write_rows(out, &rows)?;
+    write_out(out, |w| rows.write_ordered(w, out))?;
     Ok(report)
 }
 
-fn write_rows(out: &Path, rows: &[Map<String, Value>]) -> Result<(), CaptureError> {
+/// Writes `out` (zstd-compressed when it ends in `.zst`) through a temporary file renamed
+/// into place, so a failed export leaves no partial dataset behind.
+fn write_out(
+    out: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> Result<(), CaptureError>,
+) -> Result<(), CaptureError> {
     let io = |e| CaptureError::io(out, e);
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let file = std::fs::File::create(out).map_err(io)?;
-    let mut w: Box<dyn Write> = if out.extension().is_some_and(|e| e == "zst") {
-        Box::new(
-            zstd::stream::write::Encoder::new(file, 9)
-                .map_err(io)?
-                .auto_finish(),
-        )
-    } else {
-        Box::new(std::io::BufWriter::new(file))
-    };
-    for row in rows {
-        serde_json::to_writer(&mut w, row).map_err(|e| io(e.into()))?;
-        w.write_all(b"\n").map_err(io)?;
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    let partial = out.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+    let written = (|| {
+        let file = std::fs::File::create(&partial).map_err(io)?;
+        let buffered = std::io::BufWriter::new(file);
+        if out.extension().is_some_and(|e| e == "zst") {
+            let mut w = zstd::stream::write::Encoder::new(buffered, 9).map_err(io)?;
+            fill(&mut w)?;
+            w.finish().map_err(io)?.flush().map_err(io)
+        } else {
+            let mut w = buffered;
+            fill(&mut w)?;
+            w.flush().map_err(io)
+        }
+    })();
+    match written.and_then(|()| std::fs::rename(&partial, out).map_err(io)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
     }
-    w.flush().map_err(io)
 }
 
 /// Where a conversation's rows stand in the reference's role state machine.
@@ -137,6 +192,8 @@ enum Last {
 
 struct Conversation {
     id: String,
+    /// Its first turn's start: conversations are written in this order.
+    first_start_unix_ns: u64,
     rows: Vec<Map<String, Value>>,
     last: Last,
     /// Tools of the first user row, which the reference propagates to later client rows.
@@ -161,8 +218,8 @@ pub(crate) struct Turn {
     pub reply: Option<Value>,
 }
 
-/// Builds rows session by session while exchanges stream in.
-pub struct Builder {
+/// Builds rows session by session.
+pub(crate) struct Builder {
     opts: ExportOptions,
     /// Open conversation per session key (`None` sessions never share one).
     open: HashMap<String, usize>,
@@ -173,7 +230,7 @@ pub struct Builder {
 
 impl Builder {
     /// A builder applying `opts`.
-    pub fn new(opts: ExportOptions) -> Builder {
+    fn new(opts: ExportOptions) -> Builder {
         Builder {
             opts,
             open: HashMap::new(),
@@ -187,15 +244,9 @@ impl Builder {
         *self.report.skipped.entry(reason.to_owned()).or_default() += 1;
     }
 
-    /// Adds one exchange (in capture order).
-    pub fn add(&mut self, e: &Exchange) {
-        if let Some(turn) = self.prepare(e) {
-            self.add_turn(turn);
-        }
-    }
-
-    /// The chat turn `e` holds, if the options keep it; what is left out is counted.
-    pub(crate) fn prepare(&mut self, e: &Exchange) -> Option<Turn> {
+    /// The chat turn `e` holds, if the options keep it, as it waits to be sorted by session;
+    /// what is left out is counted. `seq` numbers the exchanges in reading order.
+    fn admit(&mut self, e: Exchange, seq: u64) -> Option<Spilled> {
         let r = &e.record;
         let key = r.session.clone();
         if !self.opts.sessions.is_empty()
@@ -222,11 +273,27 @@ impl Builder {
             self.skip("not a chat completion");
             return None;
         }
-        let Some(body) = e.request_body.as_deref() else {
+        if e.request_body.is_none() {
             self.skip("request body not recorded");
             return None;
-        };
-        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(body) else {
+        }
+        let reply = response_message(&e)
+            .map(|m| serde_json::to_vec(&m).expect("a JSON value serialises"))
+            .unwrap_or_default();
+        Some(Spilled {
+            group: key.map_or(Group::Alone(r.id), Group::Session),
+            start_unix_ns: r.start_unix_ns,
+            seq,
+            id: r.id,
+            end_unix_ns: e.end_unix_ns(),
+            body: e.request_body.unwrap_or_default(),
+            reply,
+        })
+    }
+
+    /// The turn a sorted exchange holds, if its request is a chat request.
+    fn parse(&mut self, s: Spilled) -> Option<Turn> {
+        let Ok(Value::Object(mut request)) = serde_json::from_slice::<Value>(&s.body) else {
             self.skip("request body is not a JSON object");
             return None;
         };
@@ -234,14 +301,18 @@ impl Builder {
             self.skip("request has no messages");
             return None;
         };
+        let key = match s.group {
+            Group::Session(k) => Some(k),
+            Group::Alone(_) => None,
+        };
         Some(Turn {
             key,
-            id: r.id,
-            start_unix_ns: r.start_unix_ns,
-            end_unix_ns: e.end_unix_ns(),
+            id: s.id,
+            start_unix_ns: s.start_unix_ns,
+            end_unix_ns: s.end_unix_ns,
             request,
             messages,
-            reply: response_message(e),
+            reply: serde_json::from_slice(&s.reply).ok(),
         })
     }
 
@@ -307,6 +378,7 @@ impl Builder {
                 let id = unique(&mut self.used_ids, &base);
                 let mut c = Conversation {
                     id,
+                    first_start_unix_ns: start_unix_ns,
                     rows: Vec::new(),
                     last: Last::Start,
                     tools: None,
@@ -345,10 +417,16 @@ impl Builder {
         }
     }
 
-    /// The rows of every conversation (each contiguous, in order of first appearance).
-    pub fn finish(mut self) -> (Vec<Map<String, Value>>, ExportReport) {
-        let mut rows = Vec::new();
-        for c in &mut self.conversations {
+    /// Hands the rows of every conversation held (one session's) to `store` and lets them
+    /// go: the next turn is of another session.
+    fn flush(&mut self, store: &mut RowStore) -> Result<(), CaptureError> {
+        self.report.peak_conversations_held = self
+            .report
+            .peak_conversations_held
+            .max(self.conversations.len());
+        self.open.clear();
+        let mut lines = Vec::new();
+        for mut c in self.conversations.drain(..) {
             c.close();
             if c.rows.is_empty() {
                 continue;
@@ -357,6 +435,7 @@ impl Builder {
             if !c.rows.first().is_some_and(|r| r.contains_key("system")) {
                 self.report.without_system_prompt += 1;
             }
+            lines.clear();
             for (turn, mut row) in c.rows.drain(..).enumerate() {
                 let mut out = Map::new();
                 out.insert("conversation_id".into(), Value::String(c.id.clone()));
@@ -371,11 +450,13 @@ impl Builder {
                     redact_row(&mut row);
                 }
                 out.extend(row);
-                rows.push(out);
+                serde_json::to_writer(&mut lines, &out).expect("a JSON value serialises");
+                lines.push(b'\n');
+                self.report.rows += 1;
             }
+            store.add(c.first_start_unix_ns, &lines)?;
         }
-        self.report.rows = rows.len();
-        (rows, self.report)
+        Ok(())
     }
 }
 

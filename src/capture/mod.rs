@@ -14,6 +14,7 @@ pub mod open_loop;
 pub mod reader;
 pub mod redact;
 pub mod sink;
+mod spill;
 mod turns;
 pub mod writer;
 
@@ -61,7 +62,9 @@ pub struct CaptureConfig {
     pub rotate_bytes: u64,
     /// … or past this age (seconds). A closed segment is never written again, so a sidecar
     /// can ship it: this bounds how long a record waits before it can be shipped.
-    pub rotate_age_s: u64,
+    /// `rotate_age_s`, its name in earlier versions, is still read.
+    #[serde(alias = "rotate_age_s")]
+    pub rotate_age_secs: u64,
     /// Name of this proxy replica, written into every segment header so the captures of a
     /// fleet can be merged and told apart; empty: the host name (in Kubernetes, the pod name).
     pub replica: String,
@@ -89,7 +92,7 @@ impl Default for CaptureConfig {
             full_policy: FullPolicy::Drop,
             flush_interval_ms: 1000,
             rotate_bytes: 256 * 1024 * 1024,
-            rotate_age_s: 300,
+            rotate_age_secs: 300,
             replica: String::new(),
             redact_headers: DEFAULT_REDACTED_HEADERS
                 .iter()
@@ -133,8 +136,8 @@ impl CaptureConfig {
                 self.rotate_bytes
             ));
         }
-        if self.rotate_age_s == 0 {
-            return Err("capture.rotate_age_s: must be >= 1, got 0".into());
+        if self.rotate_age_secs == 0 {
+            return Err("capture.rotate_age_secs: must be >= 1, got 0".into());
         }
         if self.replica.len() > 128
             || self
@@ -349,7 +352,7 @@ mod tests {
         assert!(!c.enabled);
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(c.flush_interval(), Duration::from_secs(1));
-        assert_eq!((c.rotate_bytes, c.rotate_age_s), (256 << 20, 300));
+        assert_eq!((c.rotate_bytes, c.rotate_age_secs), (256 << 20, 300));
         assert!(!c.replica_name().is_empty());
         assert_eq!(c.redact_headers.len(), DEFAULT_REDACTED_HEADERS.len());
         assert_eq!(c.header_mode, HeaderMode::Deny);
@@ -414,6 +417,24 @@ mod tests {
         assert_eq!(c.queue_capacity, CaptureConfig::default().queue_capacity);
         let err = toml::from_str::<CaptureConfig>("flush_interval = 5\n").unwrap_err();
         assert!(err.to_string().contains("flush_interval"), "{err}");
+    }
+
+    #[test]
+    fn rotate_age_secs_is_the_key_and_the_old_name_still_reads() {
+        let c: CaptureConfig = toml::from_str("rotate_age_secs = 60\n").unwrap();
+        assert_eq!(c.rotate_age_secs, 60);
+        let old: CaptureConfig = toml::from_str("rotate_age_s = 61\n").unwrap();
+        assert_eq!(old.rotate_age_secs, 61);
+        let err = toml::from_str::<CaptureConfig>("rotate_age = 60\n").unwrap_err();
+        assert!(err.to_string().contains("rotate_age_secs"), "{err}");
+        let zero = CaptureConfig {
+            rotate_age_secs: 0,
+            ..CaptureConfig::default()
+        };
+        assert!(zero
+            .validate()
+            .unwrap_err()
+            .starts_with("capture.rotate_age_secs:"));
     }
 
     #[tokio::test]

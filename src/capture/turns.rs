@@ -1,7 +1,7 @@
-//! Puts a fleet's turns back in session order. The replicas' streams arrive merged by end
-//! time; a turn is held until no earlier turn of its session can still arrive (the stream
-//! has passed its start plus the clock-skew allowance), then released in start order, except
-//! that a turn whose history is a strict prefix of an earlier-stamped one of its session goes
+//! Puts one session's turns in order. The session's turns arrive sorted by start time (the
+//! replicas' clocks); a turn is held until a turn starting more than the clock-skew allowance
+//! after it has arrived (or the session ends), then released in start order, except that a
+//! turn whose history is a strict prefix of an earlier-stamped one of its session goes
 //! first: the history's growth outranks clocks that disagree with it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -30,8 +30,8 @@ impl Window {
         }
     }
 
-    /// Takes `turn`, read when the merged streams stood at `watermark_ns` (the end time of the
-    /// exchange just read), and hands `builder` every turn no earlier one can precede now.
+    /// Takes `turn`, read when its session's turns stood at `watermark_ns` (the start of the
+    /// turn just read), and hands `builder` every turn no earlier one can precede now.
     pub fn push(&mut self, turn: Turn, watermark_ns: u64, builder: &mut Builder) {
         self.seq += 1;
         let k = (turn.start_unix_ns, self.seq);

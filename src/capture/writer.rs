@@ -208,7 +208,7 @@ impl Writer {
     fn tick(&mut self, now: Instant) {
         self.report_drops();
         self.flush();
-        let age = Duration::from_secs(self.config.rotate_age_s);
+        let age = Duration::from_secs(self.config.rotate_age_secs);
         if self
             .segment
             .as_ref()
