@@ -23,7 +23,7 @@ use crate::sim::{self, Oracle, ReplicaStats, SimConfig};
 /// Flags of `agentrace demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// A ~20-second version (fewer trajectories and slots; a 2-point sweep).
+    /// A ~25-second version (fewer trajectories and slots; 2-point sweeps).
     #[arg(long)]
     pub quick: bool,
     /// Simulated replicas behind the proxy.
@@ -43,8 +43,8 @@ pub struct DemoArgs {
     /// [default: 0.05, quick: 0.02].
     #[arg(long)]
     pub time_scale: Option<f64>,
-    /// Concurrencies of the Pareto sweep, comma-separated; empty to skip
-    /// [default: 1,4,16,32, quick: 4,12].
+    /// Concurrencies of the Pareto sweeps (one with each policy), comma-separated; empty to
+    /// skip [default: 1,4,16,32, quick: 4,12].
     #[arg(long)]
     pub sweep: Option<String>,
     /// Bounded-load factor of the affinity run: a few dozen sessions hash unevenly over a

@@ -184,7 +184,9 @@ fn plan_meaning(key: &str) -> &'static str {
 }
 
 fn plan_table(plan: &serde_json::Value) -> String {
-    let mut s = String::from("<table>\n<tr><th>setting</th><th>value</th><th>meaning</th></tr>\n");
+    let mut s = String::from(
+        "<table class=\"plan\">\n<tr><th>setting</th><th>value</th><th>meaning</th></tr>\n",
+    );
     if let Some(map) = plan.as_object() {
         for (key, value) in map {
             let shown = match value {
@@ -230,7 +232,7 @@ pub fn html(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>agentrace demo</title>\n\
          <style>body{font-family:sans-serif;margin:2em;max-width:62em}\
          table{border-collapse:collapse;margin-bottom:1em}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}\
-         td:first-child,th:first-child{text-align:left}figure{margin:0}svg{max-width:100%;height:auto}\
+         td:first-child,th:first-child{text-align:left}.plan td{text-align:left}figure{margin:0}svg{max-width:100%;height:auto}\
          .key{font-weight:bold}</style></head><body>\n\
          <h1>agentrace demo: session affinity vs round-robin</h1>\n\
          <p>The same agentic trajectories replayed through the agentrace proxy in front of simulated \
