@@ -2,6 +2,8 @@
 //! in front of them with session affinity and then round-robin, a replay through each, and a
 //! side-by-side table of what affinity is worth — all in one process, on no GPU.
 
+mod charts;
+mod figures;
 mod page;
 
 use std::net::SocketAddr;
@@ -21,7 +23,7 @@ use crate::sim::{self, Oracle, ReplicaStats, SimConfig};
 /// Flags of `agentrace demo`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// A ~20-second version (fewer trajectories and slots; a 2-point sweep).
+    /// A ~25-second version (fewer trajectories and slots; 2-point sweeps).
     #[arg(long)]
     pub quick: bool,
     /// Simulated replicas behind the proxy.
@@ -41,8 +43,8 @@ pub struct DemoArgs {
     /// [default: 0.05, quick: 0.02].
     #[arg(long)]
     pub time_scale: Option<f64>,
-    /// Concurrencies of the Pareto sweep, comma-separated; empty to skip
-    /// [default: 1,4,16,32, quick: 4,12].
+    /// Concurrencies of the Pareto sweeps (one with each policy), comma-separated; empty to
+    /// skip [default: 1,4,16,32, quick: 4,12].
     #[arg(long)]
     pub sweep: Option<String>,
     /// Bounded-load factor of the affinity run: a few dozen sessions hash unevenly over a
@@ -97,7 +99,7 @@ impl Plan {
                 .time_scale
                 .unwrap_or(if args.quick { 0.02 } else { 0.05 }),
             sweep,
-            sweep_point_s: if args.quick { 4.0 } else { 10.0 },
+            sweep_point_s: if args.quick { 3.0 } else { 6.0 },
             load_factor: args.load_factor,
             oracle_accuracy: 0.9,
             dataset: String::new(),
@@ -168,6 +170,12 @@ pub struct PolicyRun {
     pub replicas: Vec<ReplicaStats>,
     /// Where the replay's outputs are.
     pub dir: PathBuf,
+    /// Client TTFT of every answered turn, simulated ms (from its `events.jsonl`).
+    #[serde(skip)]
+    pub ttfts_ms: Vec<f64>,
+    /// Each user's output tokens over time (from its `result_summary.json`).
+    #[serde(skip)]
+    pub user_tokens: figures::UserTokens,
 }
 
 /// Runs the demo and prints the table.
@@ -177,11 +185,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     print!("{}", page::table(&result.runs));
     println!();
     println!("Outputs in {}/", out.display());
-    println!("  index.html      the table and the Pareto plot");
+    println!("  index.html      the table, the plan and the figures (Pareto, TTFT, per user, per replica)");
     println!("  demo.json       every figure above, machine-readable");
     println!("  affinity/ round-robin/   each replay's events.jsonl, result_summary.json, scores.json, report.txt, captures/");
     if result.pareto_svg.is_some() {
-        println!("  pareto.svg      system_tps vs e2e_interactivity, one point per concurrency");
+        println!("  pareto.svg      system_tps vs e2e_interactivity per policy, one point per concurrency");
     }
     println!();
     println!("Next:");
@@ -203,8 +211,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 pub struct DemoResult {
     /// The affinity run, then the round-robin run.
     pub runs: Vec<PolicyRun>,
-    /// The sweep's plot, when a sweep ran.
+    /// Both sweeps' plot, when a sweep ran.
     pub pareto_svg: Option<PathBuf>,
+    /// Each policy's sweep points (affinity, then round-robin), in wall-clock rates.
+    #[serde(skip)]
+    pub sweeps: Vec<(String, Vec<replay::sweep::Point>)>,
 }
 
 /// Runs everything and writes the outputs into `out` (created).
@@ -241,47 +252,45 @@ pub async fn run_into(args: &DemoArgs, out: &Path) -> anyhow::Result<DemoResult>
         runs.push(run);
     }
 
-    let pareto_svg = if plan.sweep.is_empty() {
+    let mut sweeps = Vec::new();
+    if !plan.sweep.is_empty() {
+        for (label, policy) in [
+            ("affinity", Policy::Session),
+            ("round-robin", Policy::RoundRobin),
+        ] {
+            eprintln!(
+                "demo: Pareto sweep with {label} placement at concurrency {:?}",
+                plan.sweep
+            );
+            let dir = out.join("sweep").join(label);
+            let points = sweep(&plan, policy, &subset, &oracle, &dir).await?;
+            sweeps.push((label.to_string(), points));
+        }
+    }
+    // The page's plot in the page's time base; each sweep/<policy>/pareto.svg keeps the wall
+    // clock of the sweep's own reports.
+    let pareto_svg = if sweeps.is_empty() {
         None
     } else {
-        eprintln!(
-            "demo: Pareto sweep with affinity at concurrency {:?}",
-            plan.sweep
-        );
-        Some(sweep(&plan, &subset, &oracle, &out.join("sweep")).await?)
-    };
-    // The page's plot in the page's time base; sweep/pareto.svg keeps the wall clock of the
-    // sweep's own reports.
-    let svg_copy = match &pareto_svg {
-        Some(points) => {
-            let dst = out.join("pareto.svg");
-            let base = replay::sweep::TimeBase {
-                rate_factor: plan.time_scale,
-                label: "simulated time",
-            };
-            write(&dst, replay::sweep::svg(points, base).as_bytes())?;
-            Some(dst)
-        }
-        None => None,
+        let dst = out.join("pareto.svg");
+        write(&dst, page::pareto(&sweeps, plan.time_scale).as_bytes())?;
+        Some(dst)
     };
 
     let result = DemoResult {
         runs,
-        pareto_svg: svg_copy,
+        pareto_svg,
+        sweeps,
     };
     let doc = serde_json::json!({ "plan": plan, "runs": result.runs, "ratios": page::ratios(&result.runs) });
     write(&out.join("demo.json"), &serde_json::to_vec_pretty(&doc)?)?;
-    let svg_text = match &result.pareto_svg {
-        Some(p) => Some(std::fs::read_to_string(p)?),
-        None => None,
-    };
     write(
         &out.join("index.html"),
         page::html(
             &result.runs,
-            &serde_json::to_string_pretty(&plan)?,
+            &result.sweeps,
+            &serde_json::to_value(&plan)?,
             plan.time_scale,
-            svg_text.as_deref(),
         )
         .as_bytes(),
     )?;
@@ -457,7 +466,10 @@ async fn run_policy(
     .await;
     let replicas = stack.stop().await;
     let summary = summary.with_context(|| format!("the {label} replay failed"))?;
-    Ok(policy_run(plan, label, &summary, replicas, dir))
+    let mut run = policy_run(plan, label, &summary, replicas, dir);
+    run.ttfts_ms = figures::client_ttfts_ms(&dir.join("events.jsonl"), plan.time_scale)?;
+    run.user_tokens = figures::user_tokens(&dir.join("result_summary.json"), plan.time_scale)?;
+    Ok(run)
 }
 
 fn policy_run(
@@ -499,16 +511,19 @@ fn policy_run(
         preemptions: replicas.iter().map(|r| r.preemptions).sum(),
         replicas,
         dir: dir.to_path_buf(),
+        ttfts_ms: Vec::new(),
+        user_tokens: figures::UserTokens::default(),
     }
 }
 
 async fn sweep(
     plan: &Plan,
+    policy: Policy,
     dataset: &Arc<Dataset>,
     oracle: &Arc<Oracle>,
     dir: &Path,
 ) -> anyhow::Result<Vec<replay::sweep::Point>> {
-    let stack = Stack::start(plan, Policy::Session, oracle, dir).await?;
+    let stack = Stack::start(plan, policy, oracle, dir).await?;
     let (_never, replay_shutdown) = shutdown::channel();
     let mut base = replay_config(plan, stack.proxy.addr, 1);
     // Each point measures a fixed stretch rather than a whole pass: at concurrency 1 a pass

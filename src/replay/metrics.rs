@@ -156,7 +156,14 @@ pub struct UserProgress {
     pub completion_times_s: Vec<f64>,
     /// Turns completed per time bucket (see `PerUser::bucket_s`).
     pub turns_over_time: Vec<u32>,
+    /// Output tokens of the turns completed in each of [`TOKEN_BUCKETS`] equal buckets of the
+    /// window (see `PerUser::tokens_bucket_s`): who made progress when, and who starved.
+    pub output_tokens_over_time: Vec<u64>,
 }
+
+/// Buckets of `UserProgress::output_tokens_over_time`: fixed, so a short run still draws a
+/// curve and a long one stays small.
+pub const TOKEN_BUCKETS: usize = 60;
 
 /// Distribution of a per-user figure across users.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -193,6 +200,8 @@ impl Spread {
 pub struct PerUser {
     /// Width of a `turns_over_time` bucket in seconds.
     pub bucket_s: f64,
+    /// Width of an `output_tokens_over_time` bucket in seconds (the window / [`TOKEN_BUCKETS`]).
+    pub tokens_bucket_s: f64,
     /// Output tokens per user.
     pub output_tokens: Spread,
     /// Completed turns per user.
@@ -597,6 +606,7 @@ fn per_user(w: &Window<'_>, good: &[&TurnRecord], window_ns: u64) -> PerUser {
     let window_s = (window_ns as f64 / 1e9).max(1e-9);
     let bucket_s = (window_s / 60.0).max(1.0).ceil();
     let n_buckets = ((window_s / bucket_s).ceil() as usize).max(1);
+    let tokens_bucket_s = window_s / TOKEN_BUCKETS as f64;
     let mut users: Vec<UserProgress> = (0..w.concurrency as u32)
         .map(|slot| UserProgress {
             slot,
@@ -606,6 +616,7 @@ fn per_user(w: &Window<'_>, good: &[&TurnRecord], window_ns: u64) -> PerUser {
             trajectories_completed: 0,
             completion_times_s: Vec::new(),
             turns_over_time: vec![0; n_buckets],
+            output_tokens_over_time: vec![0; TOKEN_BUCKETS],
         })
         .collect();
     let mut e2e = vec![0u64; users.len()];
@@ -619,6 +630,8 @@ fn per_user(w: &Window<'_>, good: &[&TurnRecord], window_ns: u64) -> PerUser {
         let at = t.complete_ns.saturating_sub(w.start_ns) as f64 / 1e9;
         let b = ((at / bucket_s) as usize).min(n_buckets - 1);
         u.turns_over_time[b] += 1;
+        let tb = ((at / tokens_bucket_s) as usize).min(TOKEN_BUCKETS - 1);
+        u.output_tokens_over_time[tb] += t.output_tokens;
     }
     for t in w.trajectories.iter().filter(|t| t.completed) {
         if let Some(u) = users.get_mut(t.slot as usize) {
@@ -634,6 +647,7 @@ fn per_user(w: &Window<'_>, good: &[&TurnRecord], window_ns: u64) -> PerUser {
     }
     PerUser {
         bucket_s,
+        tokens_bucket_s,
         output_tokens: Spread::of(users.iter().map(|u| u.output_tokens as f64).collect()),
         turns: Spread::of(users.iter().map(|u| u.turns as f64).collect()),
         tokens_per_s: Spread::of(users.iter().map(|u| u.tokens_per_s).collect()),

@@ -212,7 +212,8 @@ pub async fn run(
     Ok(points)
 }
 
-fn nice_max(v: f64) -> f64 {
+/// The smallest 1, 2, 2.5 or 5 times a power of ten at or above `v`: an axis end with round ticks.
+pub(crate) fn nice_max(v: f64) -> f64 {
     if v <= 0.0 || !v.is_finite() {
         return 1.0;
     }
@@ -408,13 +409,14 @@ pub fn svg(points: &[Point], base: TimeBase) -> String {
     s
 }
 
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
-fn trim(v: f64) -> String {
+/// A tick label with as many decimals as its size needs.
+pub(crate) fn trim(v: f64) -> String {
     if v >= 100.0 || v == 0.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {
