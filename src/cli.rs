@@ -24,6 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Session-affinity reverse proxy in front of OpenAI-compatible servers.
     Proxy(crate::proxy::cli::ProxyArgs),
+    /// Endpoint picker for a gateway (Envoy ext_proc, Gateway API Inference Extension).
+    Epp(crate::epp::cli::EppArgs),
     /// Simulated inference server (KV cache, prefix caching, continuous batching).
     Sim(crate::sim::cli::SimArgs),
     /// Validate, inspect, synthesize and convert MLPerf agentic datasets.
@@ -62,6 +64,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Proxy(args) => crate::proxy::cli::run(args).await,
+            Command::Epp(args) => crate::epp::cli::run(args).await,
             Command::Sim(args) => crate::sim::cli::run(args).await,
             Command::Dataset(cmd) => crate::dataset::cli::run(cmd).await,
             Command::Replay(args) => crate::replay::cli::run(args).await,

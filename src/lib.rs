@@ -7,6 +7,8 @@
 //!
 //! - [`proxy`]: listener → routing (session key, rendezvous affinity) → upstream (pooled
 //!   client, failover) → tap (frame observers); plus health checks and the admin API.
+//! - [`epp`]: the endpoint picker behind a gateway (Envoy ext_proc), placing with the proxy's
+//!   routing, health checks and admin API.
 //! - [`capture`]: the recorder behind the proxy's tap: bounded queue, one writer task,
 //!   delta-encoded zstd segments; and the readers behind `agentrace capture …`.
 //! - [`dataset`]: MLPerf agentic JSONL → validated conversations → per-turn request bodies,
@@ -25,6 +27,7 @@ pub mod capture;
 pub mod cli;
 pub mod dataset;
 pub mod demo;
+pub mod epp;
 pub mod http_body;
 pub mod proxy;
 pub mod replay;

@@ -232,3 +232,137 @@ fn capture_shared_volume_gives_each_pod_its_own_directory() {
         str_at(&pvc, &["metadata", "name"])
     );
 }
+
+/// Every document of a multi-document manifest.
+fn documents(name: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config/k8s")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .collect()
+}
+
+#[test]
+fn the_inference_pool_names_the_epp_service_whose_pods_run_agentrace_epp_on_its_port() {
+    let pool = manifest("epp-inferencepool.yaml");
+    assert_eq!(str_at(&pool, &["kind"]), "InferencePool");
+    assert_eq!(
+        str_at(&pool, &["apiVersion"]),
+        "inference.networking.k8s.io/v1"
+    );
+    assert!(!pool["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+        .is_empty());
+    assert!(pool["spec"]["targetPorts"][0]["number"].as_u64().is_some());
+    let picker = &pool["spec"]["endpointPickerRef"];
+    let service = manifest("epp-service.yaml");
+    assert_eq!(
+        str_at(picker, &["name"]),
+        str_at(&service, &["metadata", "name"])
+    );
+    let grpc = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "grpc")
+        .expect("a grpc service port");
+    assert_eq!(picker["port"]["number"], grpc["port"]);
+
+    let deployment = manifest("epp-deployment.yaml");
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(
+        service["spec"]["selector"], pod["metadata"]["labels"],
+        "the Service selects the picker's pods"
+    );
+    let container = &pod["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "epp");
+    let listen = args[args.iter().position(|a| *a == "--listen").unwrap() + 1];
+    let container_port = |name: &str| {
+        container["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"].as_str() == Some(name))
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap()
+    };
+    assert!(listen.ends_with(&format!(":{}", container_port("grpc"))));
+    for (probe, service) in [
+        ("readinessProbe", "readiness"),
+        ("livenessProbe", "liveness"),
+    ] {
+        assert_eq!(container[probe]["grpc"]["service"], service, "{probe}");
+        assert_eq!(
+            container[probe]["grpc"]["port"].as_u64(),
+            Some(container_port("grpc"))
+        );
+    }
+
+    let cm = manifest("epp-configmap.yaml");
+    let config = ProxyConfig::from_toml_str(str_at(&cm, &["data", "proxy.toml"]))
+        .expect("the picker's proxy.toml must load");
+    config.validate().unwrap();
+    agentrace::epp::check_endpoints(&config).expect("every backend is an http://IP:PORT endpoint");
+    assert_eq!(
+        container_port("admin"),
+        u64::from(config.admin.listen.port())
+    );
+    let target = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
+    for b in &config.backends {
+        assert!(
+            b.url.ends_with(&format!(":{target}")),
+            "{} is on the pool's target port",
+            b.url
+        );
+    }
+}
+
+#[test]
+fn the_epp_service_account_may_only_read_pods_and_inference_pools() {
+    let docs = documents("epp-rbac.yaml");
+    let kinds: Vec<&str> = docs.iter().map(|d| str_at(d, &["kind"])).collect();
+    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding"]);
+    let deployment = manifest("epp-deployment.yaml");
+    let account = str_at(
+        &deployment,
+        &["spec", "template", "spec", "serviceAccountName"],
+    );
+    assert_eq!(str_at(&docs[0], &["metadata", "name"]), account);
+    for rule in docs[1]["rules"].as_sequence().unwrap() {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(verbs, ["get", "list", "watch"], "read-only");
+    }
+    let resources: Vec<&str> = docs[1]["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            r["resources"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(resources, ["pods", "inferencepools"]);
+    assert_eq!(
+        str_at(&docs[2], &["roleRef", "name"]),
+        str_at(&docs[1], &["metadata", "name"])
+    );
+    assert_eq!(docs[2]["subjects"][0]["name"].as_str(), Some(account));
+}

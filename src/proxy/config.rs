@@ -57,6 +57,18 @@ pub struct ProxyConfig {
     pub backends: Vec<BackendConfig>,
     /// The recorder behind the proxy.
     pub capture: CaptureConfig,
+    /// `agentrace epp`, the endpoint picker behind a gateway (ignored by the proxy).
+    pub epp: EppConfig,
+}
+
+/// Settings only the endpoint picker reads; its endpoints are `backends`, whose URLs must then
+/// be `http://IP:PORT` (what the gateway connects to).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EppConfig {
+    /// A request is shed (`429`) when every endpoint it may go to already has this many
+    /// requests in flight through the picker (0: never shed).
+    pub shed_in_flight: u64,
 }
 
 /// Ingress TLS: PEM certificate chain and private key.
@@ -308,6 +320,7 @@ impl Default for ProxyConfig {
             health: HealthConfig::default(),
             backends: Vec::new(),
             capture: CaptureConfig::default(),
+            epp: EppConfig::default(),
         }
     }
 }

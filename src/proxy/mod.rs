@@ -175,6 +175,104 @@ pub async fn start_with_sink(
     start_inner(config, shutdown, Some(sink)).await
 }
 
+/// The placement half of the proxy without its HTTP listener: the router over the configured
+/// backends, their health checks, housekeeping and the admin API (metrics, sessions, drain).
+/// `agentrace epp` places requests for a gateway with it, so both modes share one placement.
+pub(crate) struct Placement {
+    /// Address of the admin listener.
+    pub admin_addr: SocketAddr,
+    /// The shared state the router, health checks and admin API run on.
+    pub inner: Arc<Inner>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Placement {
+    /// Applies a new configuration's backends and settings, as [`ProxyHandle::reload`] does.
+    pub fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        let result = self.inner.reload(config);
+        self.inner.metrics.reload(result.is_ok());
+        result
+    }
+
+    /// Resolves once the side tasks have stopped (after `shutdown` fired).
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts [`Placement`] for `config` (validated here); its tasks stop when `shutdown` fires.
+pub(crate) async fn start_placement(
+    mut config: ProxyConfig,
+    mut shutdown: Shutdown,
+) -> Result<Placement, ProxyError> {
+    config.validate()?;
+    config.resolve_token_file()?;
+    config.validate()?;
+    let client = upstream::build_client(&config.upstream, any_https(&config))?;
+    let addr = config.admin.listen;
+    let admin_tcp = listen(addr, 128).map_err(|source| ProxyError::Bind {
+        what: "admin listener",
+        addr,
+        source,
+    })?;
+    let admin_addr = admin_tcp.local_addr().map_err(|source| ProxyError::Bind {
+        what: "admin listener",
+        addr,
+        source,
+    })?;
+    let inner = new_inner(config, client, Vec::new(), None, None);
+    let (stop_side, side_stop) = crate::shutdown::channel();
+    let mut tasks = vec![
+        tokio::spawn(health::run(inner.clone(), side_stop.clone())),
+        tokio::spawn(admin::serve(admin_tcp, inner.clone(), side_stop.clone())),
+        tokio::spawn(housekeeping(inner.clone(), side_stop)),
+    ];
+    tasks.push(tokio::spawn(async move {
+        shutdown.wait().await;
+        stop_side.fire();
+    }));
+    Ok(Placement {
+        admin_addr,
+        inner,
+        tasks,
+    })
+}
+
+/// The shared state over `config`'s backends: one construction for the proxy and the picker.
+fn new_inner(
+    config: ProxyConfig,
+    client: UpstreamClient,
+    worker_pools: Vec<Arc<pool::WorkerPool>>,
+    sink: Option<Arc<dyn ExchangeSink>>,
+    recorder: Option<Recorder>,
+) -> Arc<Inner> {
+    let metrics = ProxyMetrics::new();
+    let pool = build_pool(&config, &metrics, None);
+    let router = Router::new(
+        pool,
+        config.affinity.max_sessions,
+        Duration::from_secs(config.affinity.session_ttl_secs),
+    );
+    router
+        .sessions
+        .set_active_window(Duration::from_secs(config.affinity.active_secs));
+    Arc::new(Inner {
+        router,
+        client: RwLock::new(client),
+        worker_pools: RwLock::new(worker_pools),
+        metrics,
+        sink,
+        recorder: Mutex::new(recorder),
+        max_request_body: config.max_request_body_bytes,
+        body_budget: budget::BodyBudget::new(config.request_body_budget_bytes),
+        client_limits: ingress::ClientLimits::from(&config.client),
+        retries: AtomicU32::new(config.upstream.retries),
+        config: Mutex::new(config),
+    })
+}
+
 async fn start_inner(
     mut config: ProxyConfig,
     shutdown: Shutdown,
@@ -213,30 +311,8 @@ async fn start_inner(
     };
     let sink = sink.or_else(|| recorder.as_ref().map(|r| r.sink.clone()));
 
-    let metrics = ProxyMetrics::new();
-    let pool = build_pool(&config, &metrics, None);
-    let router = Router::new(
-        pool,
-        config.affinity.max_sessions,
-        Duration::from_secs(config.affinity.session_ttl_secs),
-    );
-    router
-        .sessions
-        .set_active_window(Duration::from_secs(config.affinity.active_secs));
     let grace = Duration::from_secs(config.shutdown_grace_secs);
-    let inner = Arc::new(Inner {
-        router,
-        client: RwLock::new(client),
-        worker_pools: RwLock::new(worker_pools),
-        metrics,
-        sink,
-        recorder: Mutex::new(recorder),
-        max_request_body: config.max_request_body_bytes,
-        body_budget: budget::BodyBudget::new(config.request_body_budget_bytes),
-        client_limits: ingress::ClientLimits::from(&config.client),
-        retries: AtomicU32::new(config.upstream.retries),
-        config: Mutex::new(config),
-    });
+    let inner = new_inner(config, client, worker_pools, sink, recorder);
 
     let (stop_side, side_stop) = crate::shutdown::channel();
     let side_tasks = vec![
@@ -297,6 +373,21 @@ async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
 }
 
 impl Inner {
+    /// The router: the pool, the session table and placement.
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The metric handles the admin port renders.
+    pub(crate) fn metrics(&self) -> &ProxyMetrics {
+        &self.metrics
+    }
+
+    /// `max_request_body_bytes`: the most body bytes held for one request.
+    pub(crate) fn max_request_body(&self) -> u64 {
+        self.max_request_body
+    }
+
     /// Swaps in the backend list and affinity/health/upstream settings of `config`; listener
     /// addresses, TLS and the admin token need a restart and are left as they are.
     fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
@@ -333,6 +424,7 @@ impl Inner {
         current.affinity = config.affinity;
         current.health = config.health;
         current.upstream = config.upstream;
+        current.epp = config.epp;
         Ok(())
     }
 }

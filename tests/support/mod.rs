@@ -6,6 +6,8 @@ pub mod backends;
 pub mod capture;
 pub mod dataset;
 pub mod engine;
+pub mod envoy;
+pub mod epp;
 pub mod raw_h2;
 pub mod raw_http1;
 pub mod replay;

@@ -1,0 +1,243 @@
+//! The endpoint picker (EPP) of the Gateway API Inference Extension: a gateway (Envoy) asks it
+//! over the external-processing gRPC protocol which model server gets each request, and it
+//! answers with the proxy's own placement (session keys, conversation fingerprint, bounded
+//! load, session table, health checks), run by the proxy's code on the proxy's configuration.
+//!
+//! Stages: `exchange` (one ext_proc stream: headers, held body, placement, served endpoint) →
+//! `reply` (the messages sent back); `cli` loads the configuration and reloads it on SIGHUP.
+//! The admin port (metrics, sessions, drain) is the proxy's.
+
+pub mod cli;
+mod exchange;
+mod reply;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use futures_util::Stream;
+use tokio::task::JoinHandle;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::proxy::{start_placement, Inner, Placement, ProxyConfig, ProxyError};
+use crate::shutdown::Shutdown;
+
+/// The gRPC health services the picker reports: the process is up; it can place requests; the
+/// ext_proc service itself.
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "liveness",
+    "readiness",
+    "envoy.service.ext_proc.v3.ExternalProcessor",
+];
+
+/// How long open ext_proc streams may finish after shutdown fired.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why the picker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EppError {
+    /// The configuration (shared with the proxy) is invalid, or a backend is not an endpoint.
+    #[error("{0}")]
+    Proxy(#[from] ProxyError),
+    /// `backends[i].url` is not `http://IP:PORT`.
+    #[error("config: backends[{index}].url: {reason}, got {url:?}")]
+    Endpoint {
+        /// Position in `backends`.
+        index: usize,
+        /// The URL.
+        url: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The gRPC listener could not be bound.
+    #[error("cannot listen on {addr} (epp listener): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl EppError {
+    /// True for errors in what the user supplied (exit code 2).
+    pub fn is_config(&self) -> bool {
+        match self {
+            EppError::Proxy(e) => e.is_config(),
+            EppError::Endpoint { .. } => true,
+            EppError::Bind { .. } => false,
+        }
+    }
+}
+
+/// Every backend must be an endpoint the gateway can connect to: `http://IP:PORT`, no path.
+pub fn check_endpoints(config: &ProxyConfig) -> Result<(), EppError> {
+    for (index, b) in config.backends.iter().enumerate() {
+        let bad = |reason| EppError::Endpoint {
+            index,
+            url: b.url.clone(),
+            reason,
+        };
+        let url =
+            crate::proxy::config::BackendUrl::parse(&b.url).map_err(|_| bad("not a valid URL"))?;
+        if url.scheme != http::uri::Scheme::HTTP {
+            return Err(bad("an endpoint is plain http://IP:PORT"));
+        }
+        if url.authority.as_str().parse::<SocketAddr>().is_err() {
+            return Err(bad("an endpoint is an IP address and a port"));
+        }
+        if !url.base_path.is_empty() {
+            return Err(bad("an endpoint has no path"));
+        }
+    }
+    Ok(())
+}
+
+/// What every stream of the picker shares.
+pub(crate) struct Picker {
+    inner: Arc<Inner>,
+    /// `epp.shed_in_flight`, reloadable.
+    shed_in_flight: AtomicU64,
+}
+
+struct Service(Arc<Picker>);
+
+type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Service {
+    type ProcessStream = ReplyStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let picker = self.0.clone();
+        tokio::spawn(async move {
+            // The exchange (and its in-flight count) lives as long as the gateway's stream.
+            let mut exchange = exchange::Exchange::new(picker);
+            while let Ok(Some(msg)) = inbound.message().await {
+                for reply in exchange.on(msg) {
+                    if tx.send(Ok(reply)).await.is_err() {
+                        return;
+                    }
+                }
+                if exchange.done {
+                    return;
+                }
+            }
+        });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A running picker.
+pub struct EppHandle {
+    /// The gRPC listener (ext_proc and health).
+    pub addr: SocketAddr,
+    /// The admin listener (`/metrics`, `/admin/*`), as the proxy's.
+    pub admin_addr: SocketAddr,
+    picker: Arc<Picker>,
+    placement: Placement,
+    server: JoinHandle<()>,
+}
+
+/// Binds `listen` and starts serving ext_proc and gRPC health, placing over `config`'s
+/// backends; stops when `shutdown` fires.
+pub async fn start(
+    listen: SocketAddr,
+    config: ProxyConfig,
+    mut shutdown: Shutdown,
+) -> Result<EppHandle, EppError> {
+    check_endpoints(&config)?;
+    let shed = config.epp.shed_in_flight;
+    let tcp = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| EppError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = tcp.local_addr().map_err(|source| EppError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let placement = start_placement(config, shutdown.clone()).await?;
+    let picker = Arc::new(Picker {
+        inner: placement.inner.clone(),
+        shed_in_flight: AtomicU64::new(shed),
+    });
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for service in HEALTH_SERVICES {
+        reporter
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    let service = ExternalProcessorServer::new(Service(picker.clone()));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);
+    let server = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "epp gRPC server failed");
+        }
+    });
+    tracing::info!(%addr, admin_addr = %placement.admin_addr, "epp listening");
+    Ok(EppHandle {
+        addr,
+        admin_addr: placement.admin_addr,
+        picker,
+        placement,
+        server,
+    })
+}
+
+impl EppHandle {
+    /// Applies a new configuration's endpoints and settings; an invalid one is refused and
+    /// the running one stays.
+    pub fn reload(&self, config: ProxyConfig) -> Result<(), EppError> {
+        check_endpoints(&config)?;
+        let shed = config.epp.shed_in_flight;
+        self.placement.reload(config)?;
+        self.picker.shed_in_flight.store(shed, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The endpoints currently in the pool, as `ip:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.picker
+            .inner
+            .router()
+            .pool()
+            .backends
+            .iter()
+            .map(|b| b.url.authority.to_string())
+            .collect()
+    }
+
+    /// Resolves once the server and the side tasks have stopped (after shutdown fired). A
+    /// gateway keeps its gRPC connection open, so streams still open after
+    /// [`SHUTDOWN_GRACE`] are cut.
+    pub async fn join(mut self) {
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server)
+            .await
+            .is_err()
+        {
+            tracing::warn!("epp streams still open after the shutdown grace: closing them");
+            self.server.abort();
+        }
+        self.placement.join().await;
+    }
+}

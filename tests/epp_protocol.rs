@@ -1,0 +1,289 @@
+//! The picker as a gateway sees it, over real gRPC (no gateway needed): the same session key
+//! always gets the same endpoint, named alike in the header and the `envoy.lb` metadata; the
+//! body passes through unchanged; a subset hint is obeyed (503 when it leaves nothing); the
+//! endpoint the gateway says served a turn is where the session continues; no healthy
+//! endpoint gives 503, every endpoint at the shedding bound gives 429, an oversized body 413;
+//! gRPC health answers for liveness and readiness; a reload swaps the endpoints; an endpoint
+//! that is not `http://IP:PORT` is refused, naming the field.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+use support::backends::TestBackend;
+use support::epp::{self as fixture, Stream};
+
+async fn endpoints(n: usize) -> (Vec<TestBackend>, Vec<(String, SocketAddr)>) {
+    let mut backends = Vec::new();
+    let mut list = Vec::new();
+    for i in 0..n {
+        let b = TestBackend::spawn(&format!("e{i}")).await;
+        list.push((format!("e{i}"), b.addr));
+        backends.push(b);
+    }
+    (backends, list)
+}
+
+fn chat(user: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"model": "m", "messages": [
+        {"role": "system", "content": "agent"}, {"role": "user", "content": user}]}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_session_key_gets_one_endpoint_named_alike_in_header_and_metadata() {
+    let (_b, list) = endpoints(4).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let addrs: Vec<String> = list.iter().map(|(_, a)| a.to_string()).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for s in 0..16 {
+        let key = format!("session-{s}");
+        let mut first = None;
+        for turn in 0..3 {
+            let mut stream = Stream::open(epp.addr()).await;
+            let picked = stream
+                .request(
+                    &[("x-session-id", &key)],
+                    &chat(&format!("turn {turn}")),
+                    None,
+                )
+                .await
+                .expect("placed");
+            assert!(addrs.contains(&picked), "{picked} is one of the endpoints");
+            assert_eq!(*first.get_or_insert(picked.clone()), picked, "{key} moved");
+        }
+        seen.insert(first.unwrap());
+    }
+    assert!(seen.len() > 1, "16 sessions all on one endpoint: {seen:?}");
+    let metrics = epp.metrics().await;
+    assert!(
+        metrics.contains("agentrace_routing_decisions_total") || metrics.contains("decisions"),
+        "{metrics}"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn headerless_chat_turns_of_one_conversation_share_an_endpoint_by_fingerprint() {
+    let (_b, list) = endpoints(4).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let mut picks = std::collections::BTreeSet::new();
+    let mut messages = vec![
+        json!({"role": "system", "content": "agent"}),
+        json!({"role": "user", "content": "fix the bug"}),
+    ];
+    for turn in 0..4 {
+        let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+        let mut stream = Stream::open(epp.addr()).await;
+        picks.insert(stream.request(&[], &body, None).await.expect("placed"));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        messages.push(json!({"role": "user", "content": format!("next {turn}")}));
+    }
+    assert_eq!(picks.len(), 1, "one conversation, one endpoint: {picks:?}");
+    assert!(epp.metrics().await.contains("source=\"fingerprint\""));
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_subset_hint_is_obeyed_and_an_empty_or_foreign_one_gets_503() {
+    let (_b, list) = endpoints(4).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let only = vec![list[2].1.to_string()];
+    for s in 0..8 {
+        let mut stream = Stream::open(epp.addr()).await;
+        let picked = stream
+            .request(
+                &[("x-session-id", &format!("s{s}"))],
+                &chat("hi"),
+                Some(fixture::subset(&only)),
+            )
+            .await;
+        assert_eq!(picked, Ok(only[0].clone()));
+    }
+    for hint in [vec![], vec!["10.9.9.9:80".to_string()]] {
+        let mut stream = Stream::open(epp.addr()).await;
+        let got = stream
+            .request(
+                &[("x-session-id", "x")],
+                &chat("hi"),
+                Some(fixture::subset(&hint)),
+            )
+            .await;
+        assert_eq!(got, Err(503), "hint {hint:?}");
+    }
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn the_endpoint_that_served_a_turn_is_where_the_session_continues() {
+    let (_b, list) = endpoints(3).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let mut stream = Stream::open(epp.addr()).await;
+    let picked = stream
+        .request(&[("x-session-id", "moved")], &chat("hi"), None)
+        .await
+        .unwrap();
+    let other = list
+        .iter()
+        .map(|(_, a)| a.to_string())
+        .find(|a| *a != picked)
+        .unwrap();
+    stream
+        .send(fixture::response_headers_msg(Some(fixture::served(&other))))
+        .await;
+    stream.recv().await;
+    drop(stream);
+    let mut next = Stream::open(epp.addr()).await;
+    let again = next
+        .request(&[("x-session-id", "moved")], &chat("hi again"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again, other,
+        "the session follows the endpoint that served it"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn no_healthy_endpoint_gives_503_and_a_full_pool_sheds_with_429() {
+    let (backends, list) = endpoints(2).await;
+    let mut config = fixture::config(&list);
+    config.epp.shed_in_flight = 1;
+    let epp = fixture::start(config).await;
+    // Two streams held open: one request in flight on each endpoint.
+    let mut held = Vec::new();
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        let mut s = Stream::open(epp.addr()).await;
+        if s.request(&[("x-session-id", key)], &chat("hold"), None)
+            .await
+            .is_ok()
+        {
+            held.push(s);
+        }
+        if held.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(held.len(), 2, "each endpoint takes one");
+    let mut s = Stream::open(epp.addr()).await;
+    assert_eq!(
+        s.request(&[("x-session-id", "late")], &chat("x"), None)
+            .await,
+        Err(429)
+    );
+    drop(held);
+
+    for b in &backends {
+        b.set_healthy(false);
+    }
+    for (name, _) in &list {
+        epp.wait_health(name, false).await;
+    }
+    let mut s = Stream::open(epp.addr()).await;
+    assert_eq!(
+        s.request(&[("x-session-id", "down")], &chat("x"), None)
+            .await,
+        Err(503)
+    );
+    assert!(epp.metrics().await.contains("503"));
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_over_max_request_body_bytes_gets_413() {
+    let (_b, list) = endpoints(1).await;
+    let mut config = fixture::config(&list);
+    config.max_request_body_bytes = 1_000;
+    config.request_body_budget_bytes = 1_000;
+    let epp = fixture::start(config).await;
+    let mut s = Stream::open(epp.addr()).await;
+    s.send(fixture::headers_msg(&[], false, None)).await;
+    s.send(fixture::body_msg(&[b'x'; 600], false)).await;
+    s.send(fixture::body_msg(&[b'x'; 600], true)).await;
+    match s.recv().await {
+        envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ImmediateResponse(i) => {
+            assert_eq!(i.status.unwrap().code, 413)
+        }
+        other => panic!("expected 413, got {other:?}"),
+    }
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn grpc_health_serves_liveness_and_readiness() {
+    let (_b, list) = endpoints(1).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", epp.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in [
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        let reply = client
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service}"
+        );
+    }
+    let unknown = client
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await;
+    assert!(
+        unknown.is_err(),
+        "an unknown service is not reported serving"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_swaps_the_endpoints_and_a_non_ip_endpoint_is_refused_naming_the_field() {
+    let (_b, list) = endpoints(3).await;
+    let epp = fixture::start(fixture::config(&list[..1])).await;
+    let mut s = Stream::open(epp.addr()).await;
+    assert_eq!(
+        s.request(&[("x-session-id", "r")], &chat("x"), None).await,
+        Ok(list[0].1.to_string())
+    );
+    epp.handle.reload(fixture::config(&list[1..2])).unwrap();
+    let mut s = Stream::open(epp.addr()).await;
+    assert_eq!(
+        s.request(&[("x-session-id", "r")], &chat("x"), None).await,
+        Ok(list[1].1.to_string())
+    );
+
+    let mut bad = fixture::config(&list[..1]);
+    bad.backends[0].url = "http://model-server.local:8000".into();
+    let err = epp.handle.reload(bad.clone()).unwrap_err().to_string();
+    assert!(err.contains("backends[0].url"), "{err}");
+    assert_eq!(
+        epp.handle.endpoints(),
+        vec![list[1].1.to_string()],
+        "the running endpoints stay"
+    );
+    let (_t, shutdown) = agentrace::shutdown::channel();
+    let err = agentrace::epp::start("127.0.0.1:0".parse().unwrap(), bad, shutdown)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.is_config() && err.to_string().contains("backends[0].url"),
+        "{err}"
+    );
+    epp.stop().await;
+}
