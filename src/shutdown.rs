@@ -24,6 +24,41 @@ pub async fn signal() {
     }
 }
 
+/// SIGHUP as "reload", installed before a server announces its addresses so that an early
+/// SIGHUP reloads rather than kills the process.
+pub(crate) struct Reloads {
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Reloads {
+    /// Installs the SIGHUP handler.
+    pub(crate) fn install() -> std::io::Result<Self> {
+        Ok(Self {
+            #[cfg(unix)]
+            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?,
+        })
+    }
+
+    /// Calls `reload` at every SIGHUP until SIGINT or SIGTERM.
+    pub(crate) async fn until_stopped(mut self, mut reload: impl FnMut()) {
+        let stop = signal();
+        tokio::pin!(stop);
+        loop {
+            #[cfg(unix)]
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = self.hangup.recv() => reload(),
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = &mut reload;
+                return (&mut stop).await;
+            }
+        }
+    }
+}
+
 /// A cloneable trigger/listener pair: `Trigger::fire` resolves every `Shutdown::wait`.
 #[derive(Clone, Debug)]
 pub struct Shutdown {

@@ -50,9 +50,8 @@ pub async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("cannot install the SIGHUP handler")?;
+    let reloads =
+        crate::shutdown::Reloads::install().context("cannot install the SIGHUP handler")?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let handle = match super::start(args.listen, config, shutdown).await {
         Ok(h) => h,
@@ -66,22 +65,7 @@ pub async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
         "agentrace epp listening on {} (admin {})",
         handle.addr, handle.admin_addr
     );
-    let stop = crate::shutdown::signal();
-    tokio::pin!(stop);
-    loop {
-        #[cfg(unix)]
-        {
-            tokio::select! {
-                _ = &mut stop => break,
-                _ = hangup.recv() => reload(&args, &handle),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            (&mut stop).await;
-            break;
-        }
-    }
+    reloads.until_stopped(|| reload(&args, &handle)).await;
     tracing::info!("shutting down");
     trigger.fire();
     handle.join().await;

@@ -14,7 +14,7 @@ use http::Method;
 use super::reply;
 use super::Picker;
 use crate::proxy::fields::Fields;
-use crate::proxy::routing::{session_key, Backend, Outcome, SessionKey};
+use crate::proxy::routing::{session_key, InFlight, Outcome, SessionKey};
 use crate::proxy::tap::KeySource;
 
 /// `BodySendMode::FULL_DUPLEX_STREAMED`: the body passes through the picker, which may hold it.
@@ -52,22 +52,6 @@ impl Fields for Headers {
             .iter()
             .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_slice())
-    }
-}
-
-/// Counts a request in flight on its endpoint until the gateway's stream for it ends.
-struct InFlight(Arc<Backend>);
-
-impl InFlight {
-    fn new(backend: Arc<Backend>) -> Self {
-        backend.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(backend)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

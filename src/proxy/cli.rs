@@ -104,9 +104,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     };
     // Install the SIGHUP handler before announcing the addresses: an early SIGHUP must reload,
     // not kill the process.
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("cannot install the SIGHUP handler")?;
+    let reloads =
+        crate::shutdown::Reloads::install().context("cannot install the SIGHUP handler")?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let handle = match super::start(config, shutdown).await {
         Ok(h) => h,
@@ -121,22 +120,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         handle.addr, handle.admin_addr
     );
 
-    let stop = crate::shutdown::signal();
-    tokio::pin!(stop);
-    loop {
-        #[cfg(unix)]
-        {
-            tokio::select! {
-                _ = &mut stop => break,
-                _ = hangup.recv() => reload(&args, &handle),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            (&mut stop).await;
-            break;
-        }
-    }
+    reloads.until_stopped(|| reload(&args, &handle)).await;
     tracing::info!("shutting down: draining in-flight requests");
     trigger.fire();
     handle.join().await;

@@ -27,7 +27,9 @@ use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
-use super::routing::{fingerprint_applies, fingerprint_key, header_key, Backend, SessionKey, Turn};
+use super::routing::{
+    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
+};
 use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
 use crate::http_body::BoxError;
@@ -197,22 +199,6 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     }
 }
 
-/// Counts a request in flight on a backend until dropped (response finished or abandoned).
-struct InFlight(Arc<Backend>);
-
-impl InFlight {
-    fn new(backend: Arc<Backend>) -> Self {
-        backend.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(backend)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 pin_project! {
     /// An upstream attempt counted in flight on its backend. Fields drop in order, so an
     /// abandoned attempt stops counting before its connection closes: a backend that has seen
@@ -228,7 +214,7 @@ pin_project! {
     impl<F> PinnedDrop for Counted<F> {
         fn drop(this: Pin<&mut Self>) {
             if let Some(in_flight) = this.project().in_flight.take() {
-                in_flight.0.metrics.request_cancelled();
+                in_flight.backend().metrics.request_cancelled();
             }
         }
     }

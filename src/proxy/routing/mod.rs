@@ -44,6 +44,29 @@ pub use table::{SessionId, SessionTable, SessionView};
 // ---------------------------------------------------------------------------------------------
 // Backends and the pool
 
+/// Counts a request in flight on a backend until dropped (its response finished or was
+/// abandoned): what bounded load and the per-backend gauge read.
+pub struct InFlight(Arc<Backend>);
+
+impl InFlight {
+    /// Counts one more request on `backend`.
+    pub fn new(backend: Arc<Backend>) -> Self {
+        backend.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(backend)
+    }
+
+    /// The backend the request is counted on.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One backend with its live state; shared by the router, the forwarding path and health checks.
 #[derive(Debug)]
 pub struct Backend {
