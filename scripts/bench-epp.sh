@@ -21,31 +21,8 @@ header="${HEADER:-1}"
 replicas=4
 command -v wrk >/dev/null || { echo "bench-epp.sh: wrk not installed (apt-get install -y wrk)" >&2; exit 1; }
 envoy="$(scripts/envoy.sh)"
-bin="${AGENTRACE:-target/release/agentrace}"
-if [ -z "${AGENTRACE:-}" ]; then
-    cargo build --release --quiet --bin agentrace
-fi
-work="$(mktemp -d)"
-pids=()
-stop_all() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$work"' EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_http() {
-    for _ in $(seq 600); do
-        curl -fs -o /dev/null "$1" && return
-        sleep 0.1
-    done
-    echo "bench-epp.sh: $1 never answered" >&2
-    exit 1
-}
+# shellcheck source=scripts/lib/bench-common.sh
+. scripts/lib/bench-common.sh
 
 # Starts 4 replicas at time scale $1; sets urls[] and model.
 start_sims() {

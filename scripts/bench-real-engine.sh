@@ -18,18 +18,8 @@ if [ ! -f "$cache/env" ]; then
 fi
 # shellcheck disable=SC1091
 . "$cache/env"
-bin="${AGENTRACE:-target/release/agentrace}"
-if [ -z "${AGENTRACE:-}" ]; then
-    cargo build --release --quiet --bin agentrace
-fi
-work="$(mktemp -d)"
-pids=()
-stop_all() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$work"' EXIT
+# shellcheck source=scripts/lib/bench-common.sh
+. scripts/lib/bench-common.sh
 
 # Waits for "$2" in log "$1" and prints what follows it on that line (up to whitespace).
 address_in_log() {

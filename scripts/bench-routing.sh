@@ -25,31 +25,8 @@ if [ ! -x "$venv/bin/smg" ] || [ ! -x "$venv/bin/vllm-router" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet smg vllm-router
 fi
-bin="${AGENTRACE:-target/release/agentrace}"
-if [ -z "${AGENTRACE:-}" ]; then
-    cargo build --release --quiet --bin agentrace
-fi
-work="$(mktemp -d)"
-pids=()
-stop_all() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    pids=()
-}
-trap 'stop_all; rm -rf "$work"' EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_http() {
-    for _ in $(seq 600); do
-        curl -fs -o /dev/null "$1" && return
-        sleep 0.1
-    done
-    echo "bench-routing.sh: $1 never answered" >&2
-    exit 1
-}
+# shellcheck source=scripts/lib/bench-common.sh
+. scripts/lib/bench-common.sh
 
 echo "# $(basename "$dataset"), $replicas replicas x $blocks KV blocks, concurrency $conc, session header: $header; $(uptime)"
 printf '%-28s %6s %9s %9s %9s %9s %9s %9s  %-24s %s\n' router hit ttft_mean ttft_p90 cli_p50 cli_p90 sys_tps slow_tps per_replica failures
