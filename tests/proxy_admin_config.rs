@@ -513,6 +513,10 @@ async fn sighup_reload_keeps_the_old_config_when_the_new_one_is_bad() {
     proxy.signal("-HUP");
     let line = proxy.wait_log("reload refused").await;
     assert!(line.contains("affinity.load_factor"), "{line}");
+    assert!(
+        !line.contains('\x1b'),
+        "a log written to a pipe carries no colour codes: {line:?}"
+    );
     assert_eq!(
         backend_names(&client, &proxy.admin).await,
         ["a"],
