@@ -2,7 +2,7 @@
 //! user/tool rows, each reply an assistant row (the inline scorer's ground truth: the reply as
 //! the agent echoed it in its next request, else the recorded response), and the gap between a
 //! response's end and the next request's start its `delay_seconds`. Turns are sorted by
-//! session through bounded spill files ([`super::spill`]) and built one session at a time,
+//! session through bounded spill files (`spill`) and built one session at a time,
 //! so an export holds a buffer and one session, never the whole capture.
 
 use std::collections::{HashMap, HashSet};

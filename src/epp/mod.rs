@@ -229,7 +229,7 @@ impl EppHandle {
 
     /// Resolves once the server and the side tasks have stopped (after shutdown fired). A
     /// gateway keeps its gRPC connection open, so streams still open after
-    /// [`SHUTDOWN_GRACE`] are cut.
+    /// `SHUTDOWN_GRACE` are cut.
     pub async fn join(mut self) {
         if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server)
             .await

@@ -25,7 +25,7 @@ pub const MAX_TRAILERS: usize = 16 * 1024;
 /// Bytes a read buffer is grown by when it runs low.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Makes room for the next read: a quarter of [`READ_CHUNK`] free at least.
+/// Makes room for the next read: a quarter of `READ_CHUNK` free at least.
 pub fn reserve_read(buf: &mut BytesMut) {
     if buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);

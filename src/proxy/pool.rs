@@ -275,7 +275,7 @@ impl WorkerPool {
     /// A pool that connects within `connect_timeout` (TLS by `tls`, which offers h2 and
     /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`;
     /// `retry_after_send` lets [`WorkerPool::may_resend`] allow any method; a backend's first
-    /// connection back from a stream is watched for `stream_close_watch` ([`AfterStream`]).
+    /// connection back from a stream is watched for `stream_close_watch` (`AfterStream`).
     pub fn new(
         tls: TlsConnector,
         connect_timeout: Duration,

@@ -37,7 +37,7 @@ use crate::http_body::BoxError;
 /// The pooled keep-alive client used for every backend (HTTP/1.1, or h2 when TLS ALPN says so).
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Builds the client used for health probes, on [`build_connector`]'s connections.
+/// Builds the client used for health probes, on `build_connector`'s connections.
 pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamClient, ProxyError> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(cfg.pool_idle_timeout_secs))
@@ -45,7 +45,7 @@ pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamCli
         .build(build_connector(cfg, any_https)?))
 }
 
-/// A forwarding worker's connection pool, connecting with [`tls_client_config`] for `https`.
+/// A forwarding worker's connection pool, connecting with `tls_client_config` for `https`.
 pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
     let mut tls = tls_client_config(cfg, any_https)?;
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
