@@ -415,20 +415,18 @@ const INLINE_FINGERPRINT_BYTES: usize = 256 * 1024;
 /// The fingerprint key of a chat body. A body of several parts is parsed from a joined copy,
 /// counted against the body budget and dropped once hashed: without room for it, no key.
 async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Option<SessionKey> {
+    fn key(inner: &Inner, body: &HeldBody, turn: Turn) -> Option<SessionKey> {
+        let mut copy = inner.body_budget.charge();
+        fingerprint_key(&body.contiguous(&mut copy)?, turn)
+    }
     if body.len() <= INLINE_FINGERPRINT_BYTES {
-        if let Some(one) = body.single() {
-            return fingerprint_key(one, turn);
-        }
+        return key(inner, body, turn);
     }
     let (inner, body) = (inner.clone(), body.clone());
-    tokio::task::spawn_blocking(move || {
-        let mut copy = inner.body_budget.charge();
-        let whole = body.contiguous(&mut copy)?;
-        fingerprint_key(&whole, turn)
-    })
-    .await
-    .ok()
-    .flatten()
+    tokio::task::spawn_blocking(move || key(&inner, &body, turn))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Forwards one whole request: routes it by its session key, sends it with failover before
