@@ -234,37 +234,18 @@ async fn streams_are_forwarded_event_by_event_with_capture_on() {
 // whole or absent, and the reader says where the segment stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_proxy_keeps_every_record_flushed_before_it() {
-    use tokio::io::AsyncBufReadExt;
     let (_stop, shutdown) = agentrace::shutdown::channel();
     let sim = start_sim(shutdown);
     let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--backend")
-        .arg(format!("http://{}", sim.addrs()[0]))
-        .arg("--capture")
-        .arg(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("proxy exited before listening");
-        if let Some(rest) = line.strip_prefix("agentrace proxy listening on ") {
-            break rest.split_whitespace().next().unwrap().to_owned();
-        }
-    };
+    let backend = format!("http://{}", sim.addrs()[0]);
+    let mut proxy = support::proxy_process::ProxyProcess::spawn(&[
+        "--backend",
+        &backend,
+        "--capture",
+        dir.path().to_str().unwrap(),
+    ])
+    .await;
+    let addr = proxy.addr.clone();
     let url = format!("http://{addr}/v1/chat/completions");
     let client = client();
     let (before, _) = agent_session(&client, &url, "crash-1", 5, &[]).await;
@@ -279,8 +260,8 @@ async fn kill_9_of_the_proxy_keeps_every_record_flushed_before_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (after, _) = agent_session(&client, &url, "crash-2", 3, &[]).await;
-    child.start_kill().unwrap();
-    child.wait().await.unwrap();
+    proxy.child.start_kill().unwrap();
+    proxy.child.wait().await.unwrap();
 
     let capture = reader::read_dir(&path).unwrap();
     let got: Vec<&[u8]> = capture

@@ -337,3 +337,46 @@ async fn large_bodies_reach_the_backend_byte_for_byte_and_keep_their_conversatio
     wait_held(&proxy, 0).await;
     proxy.shutdown().await;
 }
+
+// -------------------------------------------------------------------------------------------
+// The binary's allocator
+
+/// Once a large body has been forwarded its memory leaves the process at once, not a second
+/// later: the binary's allocator purges freed memory without delay (mimalloc's default
+/// keeps it for 1 s, so a burst of uploads would hold the budget's worth of memory after
+/// the budget was given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_body_leaves_the_process_memory_at_once() {
+    use support::proxy_process::ProxyProcess;
+    use support::raw_http1::Client;
+    const BODY: usize = 48 * 1024 * KIB;
+    let backend = TestBackend::spawn("a").await;
+    let proxy = ProxyProcess::spawn(&["--backend", &backend.url()]).await;
+    let addr: SocketAddr = proxy.addr.parse().unwrap();
+    let mut client = Client::connect(addr).await;
+    let small = support::backends::chat_body("warm", 0);
+    let small_request = format!("{}{small}", head(small.len()));
+    client.send(&small_request).await;
+    assert_eq!(client.reply().await.status, 200);
+    let before = proxy.rss_kib();
+
+    client.send(head(BODY)).await;
+    let filler = vec![b' '; 1024 * KIB];
+    for _ in 0..BODY / filler.len() - 1 {
+        client.send(&filler).await;
+    }
+    client.send(&filler[..filler.len() - small.len()]).await;
+    client.send(&small).await;
+    let big = client.reply().await;
+    assert_eq!(big.status, 200, "{}", big.head);
+    assert_eq!(big.json()["request_bytes"], BODY);
+    // The next request on the connection starts only once the big one is done with.
+    client.send(&small_request).await;
+    assert_eq!(client.reply().await.status, 200);
+    let after = proxy.rss_kib();
+    assert!(
+        after < before + (BODY / KIB / 4) as u64,
+        "RSS {before} KiB before a {} MiB body, {after} KiB after it was forwarded",
+        BODY / (1024 * KIB)
+    );
+}

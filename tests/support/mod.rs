@@ -8,6 +8,7 @@ pub mod dataset;
 pub mod engine;
 pub mod envoy;
 pub mod epp;
+pub mod proxy_process;
 pub mod raw_h2;
 pub mod raw_http1;
 pub mod replay;
