@@ -4,7 +4,7 @@
 # replay-endless-sse, validate-long-line) against a fresh agentrace process, with its peak RSS,
 # descriptors, CPU, what the attackers got, what reached the backend and a probe client's
 # p50/p99 through the proxy meanwhile.
-# Usage: scripts/bench-hostile.sh [--bin PATH] [--compare OTHER_BIN] [--proxy-config FILE]
+# Usage: scripts/bench-hostile.sh [--bin PATH] [--compare OTHER_BIN] [--peer haproxy|nginx]... [--proxy-config FILE]
 #        [--only NAME,...] [--json PATH] [--scale F] [per-attack flags, see benches/hostile/main.rs]
 # --bin defaults to target/release/agentrace, built by this script; --compare runs every attack
 # against OTHER_BIN ("before") and --bin ("after") in turn and prints them side by side.

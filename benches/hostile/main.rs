@@ -8,7 +8,8 @@
 //! Run with `scripts/bench-hostile.sh` (or `cargo bench --bench hostile -- [flags]`). Flags:
 //! `--bin PATH` (default: the release binary this bench was built with), `--compare OTHER`
 //! (each attack against OTHER ("before") and `--bin` ("after") in turn, side by side with
-//! their ratio), `--proxy-config FILE` (laid under the keys an attack sets), `--only A,B`,
+//! their ratio), `--peer haproxy|nginx` (repeatable: the plain-HTTP attacks also against that
+//! peer in front of the same backend, with agentrace's ratio to it), `--proxy-config FILE` (laid under the keys an attack sets), `--only A,B`,
 //! `--json PATH`, `--scale F` (counts and sizes times F), and one flag per knob (see
 //! [`Args`]). The backends run in a process of their own (this bench started again with
 //! `--serve-backends`).
@@ -17,6 +18,7 @@ mod backends;
 mod h2;
 mod http1;
 mod offline;
+mod peer;
 mod probe;
 mod procfs;
 mod proxy;
@@ -47,6 +49,8 @@ const ATTACKS: [&str; 10] = [
 pub struct Args {
     pub bin: PathBuf,
     pub compare: Option<PathBuf>,
+    /// Peer proxies (`haproxy`, `nginx`) run through the attacks that apply to them.
+    pub peers: Vec<String>,
     pub proxy_config: Option<PathBuf>,
     pub only: Option<Vec<String>>,
     pub json: Option<PathBuf>,
@@ -80,6 +84,7 @@ fn parse_args() -> Args {
     let mut a = Args {
         bin: PathBuf::from(env!("CARGO_BIN_EXE_agentrace")),
         compare: None,
+        peers: Vec::new(),
         proxy_config: None,
         only: None,
         json: None,
@@ -121,6 +126,7 @@ fn parse_args() -> Args {
             "--bench" => {}
             "--bin" => a.bin = value().into(),
             "--compare" => a.compare = Some(value().into()),
+            "--peer" => a.peers.push(value()),
             "--proxy-config" => a.proxy_config = Some(value().into()),
             "--json" => a.json = Some(value().into()),
             "--only" => a.only = Some(value().split(',').map(str::to_string).collect()),
@@ -249,13 +255,20 @@ async fn run(args: Args, nofile: u64) {
         dir,
         args,
     };
-    let binaries: Vec<(&str, &Path)> = match &ctx.args.compare {
+    let peers: Vec<(&str, PathBuf)> = ctx
+        .args
+        .peers
+        .iter()
+        .map(|name| (name.as_str(), peer::find(name)))
+        .collect();
+    let mut binaries: Vec<(&str, &Path)> = match &ctx.args.compare {
         Some(other) => vec![
             ("before", other.as_path()),
             ("after", ctx.args.bin.as_path()),
         ],
-        None => vec![("value", ctx.args.bin.as_path())],
+        None => vec![("agentrace", ctx.args.bin.as_path())],
     };
+    binaries.extend(peers.iter().map(|(name, path)| (*name, path.as_path())));
     println!("# Hostile-input benchmark\n");
     for (label, bin) in &binaries {
         println!("- {label}: {}", bin.display());
@@ -283,10 +296,13 @@ async fn run(args: Args, nofile: u64) {
         let mut runs = vec![None; binaries.len()];
         for k in order {
             let (label, bin) = binaries[k];
+            if peer::of(bin).is_some() && !peer::ATTACKS.contains(attack) {
+                continue;
+            }
             let run = Run::new(attack, label, &bin.display().to_string());
             runs[k] = Some(run_attack(&ctx, attack, bin, run).await);
         }
-        let runs: Vec<Run> = runs.into_iter().map(Option::unwrap).collect();
+        let runs: Vec<Run> = runs.into_iter().flatten().collect();
         report::print_table(&title(attack, &ctx.args), &runs);
         all.extend(runs);
         if let Some(path) = &ctx.args.json {
@@ -364,6 +380,7 @@ fn write_json(path: &Path, args: &Args, runs: &[Run]) {
     let doc = serde_json::json!({
         "bin": args.bin.display().to_string(),
         "compare": args.compare.as_ref().map(|p| p.display().to_string()),
+        "peers": args.peers,
         "command": std::env::args().collect::<Vec<_>>(),
         "runs": runs.iter().map(Run::to_json).collect::<Vec<_>>(),
     });

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::backends::Counters;
+use crate::peer;
 use crate::probe::{self, Probe, ProbeStats};
 use crate::procfs::{self, Sampler};
 use crate::report::Run;
@@ -23,13 +24,17 @@ pub struct Proxy {
     child: tokio::process::Child,
     pub pid: u32,
     pub addr: SocketAddr,
-    pub admin: SocketAddr,
+    /// The admin listener; peers have none.
+    pub admin: Option<SocketAddr>,
 }
 
 impl Proxy {
     /// Starts `bin proxy` with one backend; `extra` is TOML laid over `--proxy-config` (keys
     /// the attack needs, such as `[tls]`).
     pub async fn start(ctx: &Ctx, bin: &Path, backend: SocketAddr, extra: &str) -> Proxy {
+        if let Some(peer) = peer::of(bin) {
+            return Proxy::start_peer(ctx, peer, bin, backend).await;
+        }
         let mut command = tokio::process::Command::new(bin);
         command.args([
             "proxy",
@@ -74,13 +79,41 @@ impl Proxy {
             child,
             pid,
             addr,
-            admin,
+            admin: Some(admin),
+        }
+    }
+
+    /// Starts a peer proxy and waits until it accepts connections.
+    async fn start_peer(ctx: &Ctx, peer: &str, bin: &Path, backend: SocketAddr) -> Proxy {
+        let (mut command, addr) = peer::command(peer, bin, ctx.dir.path(), backend);
+        let log = std::fs::File::create(ctx.dir.path().join(format!("{peer}.log"))).unwrap();
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        let pid = child.id().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "{peer} did not listen on {addr}: {:?}",
+                std::fs::read_to_string(ctx.dir.path().join(format!("{peer}.log")))
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Proxy {
+            child,
+            pid,
+            addr,
+            admin: None,
         }
     }
 
     /// The sum of every series of metric `name` on `/metrics`, `None` when there is none.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let text = http_get(self.admin, "/metrics").await?;
+        let text = http_get(self.admin?, "/metrics").await?;
         let values: Vec<f64> = text
             .lines()
             .filter(|l| {

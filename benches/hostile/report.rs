@@ -14,7 +14,7 @@ pub enum Measure {
 #[derive(Debug, Clone)]
 pub struct Run {
     pub attack: String,
-    /// `before`/`after` in `--compare` mode, else `value`.
+    /// `before`/`after` in `--compare` mode, else `agentrace`; a peer's name for a peer.
     pub label: String,
     pub binary: String,
     pub rows: Vec<(String, Measure)>,
@@ -91,8 +91,15 @@ fn cell(m: Option<&Measure>) -> String {
     }
 }
 
-/// Prints one attack's table: a column per run, and with two runs their ratio (second over
-/// first) for the numbers.
+/// The run the ratios are of: `after` in `--compare` mode, else the agentrace run.
+fn subject(runs: &[Run]) -> Option<usize> {
+    runs.iter()
+        .position(|r| r.label == "after")
+        .or_else(|| runs.iter().position(|r| r.label == "agentrace"))
+}
+
+/// Prints one attack's table: a column per run, and the subject's ratio to every other run
+/// (after/before, agentrace/peer) for the numbers.
 pub fn print_table(title: &str, runs: &[Run]) {
     println!("\n### {title}\n");
     let mut header = String::from("| measure |");
@@ -101,8 +108,14 @@ pub fn print_table(title: &str, runs: &[Run]) {
         header.push_str(&format!(" {} |", r.label));
         rule.push_str("---:|");
     }
-    if runs.len() == 2 {
-        header.push_str(&format!(" {}/{} |", runs[1].label, runs[0].label));
+    let subject = subject(runs);
+    let others: Vec<usize> = match subject {
+        Some(s) => (0..runs.len()).filter(|&k| k != s).collect(),
+        None => Vec::new(),
+    };
+    for &k in &others {
+        let s = subject.unwrap_or_default();
+        header.push_str(&format!(" {}/{} |", runs[s].label, runs[k].label));
         rule.push_str("---:|");
     }
     println!("{header}\n{rule}");
@@ -130,11 +143,15 @@ pub fn print_table(title: &str, runs: &[Run]) {
         for m in &measures {
             line.push_str(&format!(" {} |", cell(*m)));
         }
-        if let [Some(Measure::Num(a, _)), Some(Measure::Num(b, _))] = measures.as_slice() {
-            let ratio = if *a != 0.0 { b / a } else { f64::NAN };
-            line.push_str(&format!(" {} |", ratio_cell(ratio)));
-        } else if runs.len() == 2 {
-            line.push_str(" |");
+        for &k in &others {
+            let s = subject.unwrap_or_default();
+            match (measures[k], measures[s]) {
+                (Some(Measure::Num(a, _)), Some(Measure::Num(b, _))) => {
+                    let ratio = if *a != 0.0 { b / a } else { f64::NAN };
+                    line.push_str(&format!(" {} |", ratio_cell(ratio)));
+                }
+                _ => line.push_str(" |"),
+            }
         }
         println!("{line}");
     }
