@@ -24,36 +24,46 @@ pub async fn signal() {
     }
 }
 
-/// SIGHUP as "reload", installed before a server announces its addresses so that an early
-/// SIGHUP reloads rather than kills the process.
+/// SIGHUP as "reload", and SIGINT and SIGTERM as "stop", all installed before a server
+/// announces its addresses: a signal sent as soon as the address is known reloads or stops
+/// the server, rather than killing the process before its handler exists.
 pub(crate) struct Reloads {
     #[cfg(unix)]
     hangup: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
 }
 
 impl Reloads {
-    /// Installs the SIGHUP handler.
+    /// Installs the SIGHUP, SIGINT and SIGTERM handlers.
     pub(crate) fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        use tokio::signal::unix::{signal, SignalKind};
         Ok(Self {
             #[cfg(unix)]
-            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?,
+            hangup: signal(SignalKind::hangup())?,
+            #[cfg(unix)]
+            interrupt: signal(SignalKind::interrupt())?,
+            #[cfg(unix)]
+            terminate: signal(SignalKind::terminate())?,
         })
     }
 
     /// Calls `reload` at every SIGHUP until SIGINT or SIGTERM.
     pub(crate) async fn until_stopped(mut self, mut reload: impl FnMut()) {
-        let stop = signal();
-        tokio::pin!(stop);
         loop {
             #[cfg(unix)]
             tokio::select! {
-                _ = &mut stop => return,
+                _ = self.interrupt.recv() => return,
+                _ = self.terminate.recv() => return,
                 _ = self.hangup.recv() => reload(),
             }
             #[cfg(not(unix))]
             {
                 let _ = &mut reload;
-                return (&mut stop).await;
+                return signal().await;
             }
         }
     }

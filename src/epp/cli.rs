@@ -51,7 +51,7 @@ pub async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let reloads =
-        crate::shutdown::Reloads::install().context("cannot install the SIGHUP handler")?;
+        crate::shutdown::Reloads::install().context("cannot install the signal handlers")?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let handle = match super::start(args.listen, config, shutdown).await {
         Ok(h) => h,

@@ -102,10 +102,10 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
-    // Install the SIGHUP handler before announcing the addresses: an early SIGHUP must reload,
-    // not kill the process.
+    // Install the signal handlers before announcing the addresses: an early SIGHUP must
+    // reload, and an early SIGINT stop cleanly, not kill the process.
     let reloads =
-        crate::shutdown::Reloads::install().context("cannot install the SIGHUP handler")?;
+        crate::shutdown::Reloads::install().context("cannot install the signal handlers")?;
     let (trigger, shutdown) = crate::shutdown::channel();
     let handle = match super::start(config, shutdown).await {
         Ok(h) => h,
