@@ -9,12 +9,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http::uri::PathAndQuery;
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
 
 use super::config::HealthConfig;
+use super::fields::{Forwarded, WireFields};
+use super::held_body::HeldBody;
 use super::metrics::ErrorKind;
+use super::pool::{UpstreamRequest, WorkerPool};
 use super::routing::{Backend, HealthCounters};
 use super::Inner;
 use crate::shutdown::Shutdown;
@@ -34,11 +37,11 @@ pub async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
             let due = readmit_ejected(&pool.backends, &cfg, now);
             next = due.map_or(now + step, |due| due.min(now + step)).into();
         } else {
-            let client = inner.client.read().clone();
+            let connections = inner.probe_pool.read().clone();
             let probes = pool
                 .backends
                 .iter()
-                .map(|b| probe(&client, b.clone(), &cfg));
+                .map(|b| probe(&connections, b.clone(), &cfg));
             futures_util::future::join_all(probes).await;
             next += Duration::from_millis(cfg.interval_ms);
         }
@@ -53,25 +56,30 @@ pub async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
     }
 }
 
-async fn probe(
-    client: &super::upstream::UpstreamClient,
-    backend: Arc<Backend>,
-    cfg: &HealthConfig,
-) {
-    let uri = format!("{}{}", backend.url, cfg.path);
+async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &HealthConfig) {
     let result = async {
-        let uri: Uri = uri.parse().map_err(|e| format!("bad probe URI: {e}"))?;
-        let req = Request::get(uri)
-            .body(Full::new(Bytes::new()))
+        let path: PathAndQuery = cfg
+            .path
+            .parse()
+            .map_err(|e| format!("bad probe path {}: {e}", cfg.path))?;
+        let headers = Forwarded::new(WireFields::default(), &[], Vec::new());
+        let req = UpstreamRequest {
+            method: &Method::GET,
+            path_and_query: &path,
+            headers: &headers,
+            body: &HeldBody::default(),
+            declare_length: false,
+        };
+        let resp = connections
+            .send(&backend.url, req)
+            .await
             .map_err(|e| e.to_string())?;
-        let resp = client.request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
         // Read the small body so the connection can be reused.
-        let _ = resp.into_body().collect().await;
-        if status.is_success() {
+        let _ = resp.body.collect().await;
+        if resp.status.is_success() {
             Ok(())
         } else {
-            Err(format!("status {status}"))
+            Err(format!("status {}", resp.status))
         }
     };
     let outcome = match tokio::time::timeout(Duration::from_millis(cfg.timeout_ms), result).await {

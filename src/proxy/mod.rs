@@ -40,7 +40,6 @@ use crate::shutdown::Shutdown;
 use metrics::ProxyMetrics;
 use routing::{AffinitySettings, Backend, Pool, Router};
 use tap::ExchangeSink;
-use upstream::UpstreamClient;
 
 /// Why the proxy could not start (or a reload was refused).
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +83,10 @@ impl ProxyError {
 /// State shared by the listener, the health checker and the admin API.
 pub struct Inner {
     router: Router,
-    /// Client for health probes (runs on the caller's runtime).
-    client: RwLock<UpstreamClient>,
+    /// Connections for health probes: a pool of their own on the caller's runtime, speaking
+    /// the forwarding path's HTTP/1.1 and TLS, so a backend passes its probes only if
+    /// forwarding can talk to it too.
+    probe_pool: RwLock<Arc<pool::WorkerPool>>,
     /// One connection pool per forwarding worker, so upstream connections live on its thread.
     worker_pools: RwLock<Vec<Arc<pool::WorkerPool>>>,
     metrics: ProxyMetrics,
@@ -151,12 +152,16 @@ fn any_https(config: &ProxyConfig) -> bool {
     config.backends.iter().any(|b| b.url.starts_with("https:"))
 }
 
+fn probe_pool(config: &ProxyConfig) -> Result<Arc<pool::WorkerPool>, ProxyError> {
+    upstream::connection_pool(&config.upstream, any_https(config)).map(Arc::new)
+}
+
 fn worker_pools(
     config: &ProxyConfig,
     workers: usize,
 ) -> Result<Vec<Arc<pool::WorkerPool>>, ProxyError> {
     (0..workers)
-        .map(|_| upstream::build_pool(&config.upstream, any_https(config)).map(Arc::new))
+        .map(|_| upstream::connection_pool(&config.upstream, any_https(config)).map(Arc::new))
         .collect()
 }
 
@@ -210,7 +215,7 @@ pub(crate) async fn start_placement(
     config.validate()?;
     config.resolve_token_file()?;
     config.validate()?;
-    let client = upstream::build_client(&config.upstream, any_https(&config))?;
+    let probe_pool = probe_pool(&config)?;
     let addr = config.admin.listen;
     let admin_tcp = listen(addr, 128).map_err(|source| ProxyError::Bind {
         what: "admin listener",
@@ -222,7 +227,7 @@ pub(crate) async fn start_placement(
         addr,
         source,
     })?;
-    let inner = new_inner(config, client, Vec::new(), None, None);
+    let inner = new_inner(config, probe_pool, Vec::new(), None, None);
     let (stop_side, side_stop) = crate::shutdown::channel();
     let mut tasks = vec![
         tokio::spawn(health::run(inner.clone(), side_stop.clone())),
@@ -243,7 +248,7 @@ pub(crate) async fn start_placement(
 /// The shared state over `config`'s backends: one construction for the proxy and the picker.
 fn new_inner(
     config: ProxyConfig,
-    client: UpstreamClient,
+    probe_pool: Arc<pool::WorkerPool>,
     worker_pools: Vec<Arc<pool::WorkerPool>>,
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Option<Recorder>,
@@ -260,7 +265,7 @@ fn new_inner(
         .set_active_window(Duration::from_secs(config.affinity.active_secs));
     Arc::new(Inner {
         router,
-        client: RwLock::new(client),
+        probe_pool: RwLock::new(probe_pool),
         worker_pools: RwLock::new(worker_pools),
         metrics,
         sink,
@@ -287,7 +292,7 @@ async fn start_inner(
         .as_ref()
         .map(listener::tls_acceptor)
         .transpose()?;
-    let client = upstream::build_client(&config.upstream, any_https(&config))?;
+    let probe_pool = probe_pool(&config)?;
     let workers = worker_count(&config);
     let worker_pools = worker_pools(&config, workers)?;
 
@@ -312,7 +317,7 @@ async fn start_inner(
     let sink = sink.or_else(|| recorder.as_ref().map(|r| r.sink.clone()));
 
     let grace = Duration::from_secs(config.shutdown_grace_secs);
-    let inner = new_inner(config, client, worker_pools, sink, recorder);
+    let inner = new_inner(config, probe_pool, worker_pools, sink, recorder);
 
     let (stop_side, side_stop) = crate::shutdown::channel();
     let side_tasks = vec![
@@ -368,6 +373,7 @@ async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
         for pool in inner.worker_pools.read().iter() {
             pool.reap();
         }
+        inner.probe_pool.read().reap();
         next += period;
     }
 }
@@ -405,7 +411,7 @@ impl Inner {
         {
             tracing::warn!("listen, listen_backlog, tls, client, admin, capture, workers, max_request_body_bytes and request_body_budget_bytes changes need a restart; keeping the running values");
         }
-        let client = upstream::build_client(&config.upstream, any_https(&config))?;
+        let probe_pool = probe_pool(&config)?;
         let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;
         let pool = build_pool(&config, &self.metrics, Some(&self.router.pool()));
         self.router.sessions.set_limits(
@@ -415,7 +421,7 @@ impl Inner {
         self.router
             .sessions
             .set_active_window(Duration::from_secs(config.affinity.active_secs));
-        *self.client.write() = client;
+        *self.probe_pool.write() = probe_pool;
         *self.worker_pools.write() = worker_pools;
         self.retries
             .store(config.upstream.retries, Ordering::Relaxed);

@@ -14,10 +14,6 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
@@ -34,19 +30,9 @@ use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
 use crate::http_body::BoxError;
 
-/// The pooled keep-alive client used for every backend (HTTP/1.1, or h2 when TLS ALPN says so).
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// Builds the client used for health probes, on `build_connector`'s connections.
-pub fn build_client(cfg: &UpstreamConfig, any_https: bool) -> Result<UpstreamClient, ProxyError> {
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(cfg.pool_idle_timeout_secs))
-        .pool_max_idle_per_host(cfg.pool_max_idle_per_backend)
-        .build(build_connector(cfg, any_https)?))
-}
-
-/// A forwarding worker's connection pool, connecting with `tls_client_config` for `https`.
-pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+/// A connection pool (one per forwarding worker, one for health probes), connecting with
+/// `tls_client_config` for `https`.
+pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
     let mut tls = tls_client_config(cfg, any_https)?;
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(WorkerPool::new(
@@ -57,25 +43,6 @@ pub fn build_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, P
         cfg.retry_after_send,
         Duration::from_millis(cfg.stream_close_watch_ms),
     ))
-}
-
-/// The connector of health probes: TCP with the connect timeout, then
-/// [`tls_client_config`] for `https` backends, offering h2 and http/1.1 by ALPN.
-fn build_connector(
-    cfg: &UpstreamConfig,
-    any_https: bool,
-) -> Result<HttpsConnector<HttpConnector>, ProxyError> {
-    let tls = tls_client_config(cfg, any_https)?;
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(Duration::from_millis(cfg.connect_timeout_ms)));
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http))
 }
 
 /// rustls (ring) trusting the configured CA file, or the platform roots when a backend is
