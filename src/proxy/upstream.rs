@@ -30,9 +30,9 @@ use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, Wo
 use super::routing::{
     fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
 };
-use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
 use crate::http_body::BoxError;
+use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 
 /// The pooled keep-alive client used for every backend (HTTP/1.1, or h2 when TLS ALPN says so).
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
