@@ -22,6 +22,7 @@
 //! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
 //! - [`demo`]: composes the above in one process to show what affinity is worth.
 //! - [`cli`], [`shutdown`], [`telemetry`]: process edges shared by every command.
+//! - [`random`]: the seeded random source of the synthetic dataset and the simulator.
 //! - [`timing`]: sleeps that end on time, for the replayer's sends and the simulator's tokens.
 
 #![forbid(unsafe_code)]
@@ -34,6 +35,7 @@ pub mod demo;
 pub mod epp;
 pub mod http_body;
 pub mod proxy;
+pub mod random;
 pub mod replay;
 pub mod shutdown;
 pub mod sim;

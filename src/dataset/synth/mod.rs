@@ -4,14 +4,14 @@
 //! Coding traces follow the public sample's shape and distributions (see `datasets/README.md`
 //! for every distribution and its basis) with a longer context tail; workflow traces share one
 //! long system prompt (an intent catalogue) and one tool set, so most request tokens are a
-//! prefix shared across conversations. The generator uses its own small PRNG so the bytes
-//! depend only on the seed and this module, never on a dependency's sampling algorithms.
+//! prefix shared across conversations. The generator draws from the crate's own
+//! [`Rng`](crate::random::Rng) so the bytes depend only on the seed and this crate, never on a
+//! dependency's sampling algorithms.
 //!
-//! `rows` is what a line holds, `rng` the random source, `coding` and `workflow` the two
+//! `rows` is what a line holds, `coding` and `workflow` the two
 //! kinds of trace.
 
 mod coding;
-mod rng;
 mod rows;
 mod workflow;
 
@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::value::RawValue;
 
+use crate::random::Rng;
 use coding::{coding_conversation, coding_id, coding_tools};
-use rng::Rng;
 use rows::Row;
 use workflow::catalogue::{workflow_system_prompt, workflow_tools};
 use workflow::workflow_conversation;

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::dataset::synth::coding::project::{code_line, fill, Project};
 use crate::dataset::synth::coding::words::{camel, snake, WORDS};
-use crate::dataset::synth::rng::Rng;
+use crate::random::Rng;
 
 /// What a command does, which decides the shape of its output.
 #[derive(Clone, Copy)]

@@ -8,9 +8,9 @@ use serde_json::value::RawValue;
 
 use crate::dataset::synth::coding::commands::{command, tool_output, Cmd, CMD_WEIGHTS};
 use crate::dataset::synth::coding::project::{coding_user_prompt, sentence, Project};
-use crate::dataset::synth::rng::Rng;
 use crate::dataset::synth::rows::{call, round5, Row, ToolResult};
 use crate::dataset::synth::BYTES_PER_TOKEN;
+use crate::random::Rng;
 
 /// The public sample's tool-row delay quantiles `(p, seconds)` (§19 of the reference notes):
 /// the inverse CDF, log-linear between knots, reproduces its median, p90, p99 and tail.

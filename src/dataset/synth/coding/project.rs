@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::dataset::synth::coding::words::{camel, func_name, snake, SUBPACKAGES, VERBS, WORDS};
 use crate::dataset::synth::coding::REPOS;
-use crate::dataset::synth::rng::Rng;
+use crate::random::Rng;
 
 /// The per-conversation world: a repo, its files and symbols, so commands and outputs agree.
 pub(super) struct Project {

@@ -1,6 +1,6 @@
 //! Word lists and the identifiers made from them.
 
-use crate::dataset::synth::rng::Rng;
+use crate::random::Rng;
 
 pub(super) const WORDS: &[&str] = &[
     "value",

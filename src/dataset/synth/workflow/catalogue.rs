@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::dataset::synth::rng::Rng;
+use crate::random::Rng;
 
 /// Intent catalogue size: codes I000..I119.
 pub(super) const INTENTS: usize = 120;
@@ -160,7 +160,7 @@ pub(in crate::dataset::synth) fn workflow_tools() -> serde_json::Value {
 
 /// The shared system prompt: role, policies, and the intent catalogue with handling notes.
 pub(in crate::dataset::synth) fn workflow_system_prompt() -> String {
-    let mut rng = Rng(0x005E_ED0F_1A7E);
+    let mut rng = Rng::from_state(0x005E_ED0F_1A7E);
     let mut s = String::with_capacity(48 * 1024);
     s.push_str(
         "You are the customer-support agent of Parcelway, a regional parcel and freight carrier. \

@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 
 use serde_json::value::RawValue;
 
-use crate::dataset::synth::rng::Rng;
 use crate::dataset::synth::rows::{call, round5, Row, ToolCall, ToolResult};
 use crate::dataset::synth::workflow::catalogue::{
     intent_name, FIRST_NAMES, INTENTS, LAST_NAMES, WORKFLOW_NOUNS, WORKFLOW_TOOLS,
 };
+use crate::random::Rng;
 
 /// The tools a request of intent `code` typically needs.
 pub(super) fn tools_for(code: usize, rng: &mut Rng) -> Vec<usize> {
