@@ -4,32 +4,8 @@
 use serde_json::{Map, Value};
 
 use crate::dataset::load::validate::{Group, Row};
+use crate::dataset::request::request_keys;
 use crate::dataset::{ClientTurn, Conversation, ExpectedReply, HistoryMessage, Role};
-
-/// Row keys that become request fields, in the reference body's field order (the three
-/// max-token aliases sit where `max_completion_tokens` goes).
-pub(crate) const REQUEST_KEYS: &[&str] = &[
-    "model",
-    "temperature",
-    "max_new_tokens",
-    "max_completion_tokens",
-    "max_tokens",
-    "stream",
-    "seed",
-    "top_p",
-    "top_k",
-    "repetition_penalty",
-    "n",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "user",
-    "chat_template",
-    "chat_template_kwargs",
-    "tools",
-    "tool_choice",
-];
 
 /// Turns a validated, turn-sorted group into its history and client turns (§3, §4).
 pub(super) fn build_conversation(group: Group) -> Conversation {
@@ -126,15 +102,15 @@ pub(super) fn build_conversation(group: Group) -> Conversation {
         };
         let row = &mut rows[i];
         let mut overrides = Map::new();
-        for key in REQUEST_KEYS {
-            match row.fields.remove(*key).filter(|v| !v.is_null()) {
-                Some(v) if *key == "tools" && i > 0 && Some(&v) == first_tools.as_ref() => {}
+        for key in request_keys() {
+            match row.fields.remove(key).filter(|v| !v.is_null()) {
+                Some(v) if key == "tools" && i > 0 && Some(&v) == first_tools.as_ref() => {}
                 Some(v) => {
-                    overrides.insert((*key).to_string(), v);
+                    overrides.insert(key.to_string(), v);
                 }
                 None if i > 0 => {
-                    if let Some((_, v)) = propagated.iter().find(|(k, _)| k == key) {
-                        overrides.insert((*key).to_string(), v.clone());
+                    if let Some((_, v)) = propagated.iter().find(|(k, _)| *k == key) {
+                        overrides.insert(key.to_string(), v.clone());
                     }
                 }
                 None => {}

@@ -19,7 +19,7 @@ use super::lines::{LineError, Lines};
 use super::{Conversation, Dataset};
 use validate::Loader;
 
-pub(crate) use conversation::{truthy, REQUEST_KEYS};
+pub(crate) use conversation::truthy;
 
 /// How loading behaves.
 #[derive(Debug, Clone)]
