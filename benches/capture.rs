@@ -26,7 +26,7 @@ use std::time::Instant as StdInstant;
 
 use agentrace::capture::{CaptureConfig, Recorder};
 use agentrace::dataset::{LoadOptions, ModelParams, RequestBuilder};
-use agentrace::proxy::tap::{ExchangeEnd, ExchangeStart, KeySource};
+use agentrace::tap::{ExchangeEnd, ExchangeStart, KeySource};
 use bytes::Bytes;
 use serde_json::json;
 use tokio::time::{Duration, Instant};

@@ -31,7 +31,9 @@ fn read_rows(path: &std::path::Path) -> Vec<Value> {
 // and the capture stores under 5% of the raw request + response bytes.
 #[tokio::test]
 async fn exported_sample_capture_reproduces_the_dataset_rows() {
-    let Some(sample) = sample_path() else { return };
+    let Some(sample) = sample_path("exported_sample_capture_reproduces_the_dataset_rows") else {
+        return;
+    };
     let convs = dataset_conversations(&sample);
     let dir = tempfile::tempdir().unwrap();
     let rec = Recorder::start(&config(dir.path())).unwrap();

@@ -485,7 +485,10 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_segments_shipped_by_rclone_export_like_the_source() {
     if Command::new("rclone").arg("version").output().is_err() {
-        eprintln!("skipped: rclone not installed");
+        support::skip(
+            "closed_segments_shipped_by_rclone_export_like_the_source",
+            "rclone not installed",
+        );
         return;
     }
     let _one = ONE_AT_A_TIME.lock().await;

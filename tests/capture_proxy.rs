@@ -432,7 +432,7 @@ async fn block_policy_waits_on_the_exchange_never_on_the_worker_thread() {
 // gives every request's status and the schedule lag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_replay_sends_captured_requests_at_scaled_recorded_times() {
-    use agentrace::capture::open_loop::{self, OpenLoopOptions};
+    use agentrace::replay::open_loop::{self, OpenLoopOptions};
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("source");
     let rec = agentrace::capture::Recorder::start(&config(&source)).unwrap();

@@ -191,7 +191,9 @@ fn normal_datasets_load_within_the_limit() {
         DEFAULT_MAX_LINE_BYTES
     );
 
-    let Some(sample) = sample_path() else { return };
+    let Some(sample) = sample_path("normal_datasets_load_within_the_limit") else {
+        return;
+    };
     assert_eq!(longest_line(&sample), 15_682);
     for max_line_bytes in [DEFAULT_MAX_LINE_BYTES, 16 * 1024] {
         let opts = LoadOptions {

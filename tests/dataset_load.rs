@@ -615,7 +615,11 @@ fn history_is_stored_once_not_per_turn() {
 // The public sample validates: 20 conversations, 1,007 client turns (§19).
 #[test]
 fn public_sample_loads_with_twenty_conversations_and_1007_client_turns() {
-    let Some(path) = sample_path() else { return };
+    let Some(path) =
+        sample_path("public_sample_loads_with_twenty_conversations_and_1007_client_turns")
+    else {
+        return;
+    };
     let ds = load(&path, &LoadOptions::default()).unwrap();
     assert_eq!(ds.conversations.len(), 20);
     assert_eq!(ds.client_turn_count(), 1007);

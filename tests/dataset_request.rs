@@ -202,7 +202,7 @@ fn salts_match_the_reference_vectors() {
 // salting pre-flight with the reference's message.
 #[test]
 fn sample_turn_is_salted_exactly_and_history_is_not_mutated() {
-    if let Some(path) = sample_path() {
+    if let Some(path) = sample_path("sample_turn_is_salted_exactly_and_history_is_not_mutated") {
         let ds = load(&path, &LoadOptions::default()).unwrap();
         let c = ds.conversation("django__django-16899").unwrap();
         let b = RequestBuilder::new(ModelParams::preset("qwen3.6-35b-a3b").unwrap(), false);

@@ -150,7 +150,10 @@ fn standard_set_meets_its_targets_and_matches_the_recorded_sha256() {
 // The public sample's stats: 20 conversations, 1,007 client turns, delays as measured.
 #[test]
 fn sample_stats_read_twenty_conversations_and_1007_client_turns() {
-    let Some(path) = sample_path() else { return };
+    let Some(path) = sample_path("sample_stats_read_twenty_conversations_and_1007_client_turns")
+    else {
+        return;
+    };
     let ds = load(&path, &LoadOptions::default()).unwrap();
     let s = DatasetStats::compute(&ds);
     assert_eq!((s.all.conversations, s.all.client_turns), (20, 1007));

@@ -22,9 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentrace::proxy::tap::{
-    ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart, KeySource,
-};
+use agentrace::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart, KeySource};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use support::backends::*;

@@ -11,11 +11,6 @@ use agentrace::sim::{self, ResponderKind, SimConfig};
 use serde_json::Value;
 use support::replay::{config, conversation, dataset, no_shutdown};
 
-const SAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
-);
-
 /// The tests of this file run one at a time: the timing test must not share the CPU with an
 /// oracle replay of the whole sample.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -139,18 +134,17 @@ async fn bare_round_trip_ms(url: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oracle_replay_of_the_public_sample_scores_what_the_oracle_implies() {
     let _serial = SERIAL.lock().await;
-    if !std::path::Path::new(SAMPLE).exists() {
-        println!("skipped: {SAMPLE} is absent");
+    let Some(sample) = support::dataset::sample_path(
+        "oracle_replay_of_the_public_sample_scores_what_the_oracle_implies",
+    ) else {
         return;
-    }
-    let ds = Arc::new(
-        agentrace::dataset::load(std::path::Path::new(SAMPLE), &Default::default()).unwrap(),
-    );
+    };
+    let ds = Arc::new(agentrace::dataset::load(&sample, &Default::default()).unwrap());
     for (accuracy, lo, hi) in [(1.0, 1.0, 1.0), (0.7, 0.65, 0.75)] {
         let mut cfg = sim_config(0.002);
         cfg.responder.kind = ResponderKind::Oracle;
         cfg.responder.oracle_accuracy = accuracy;
-        cfg.responder.oracle_dataset = Some(SAMPLE.into());
+        cfg.responder.oracle_dataset = Some(sample.clone());
         let oracle = Arc::new(sim::Oracle::new(ds.clone()).unwrap());
         let (trigger, shutdown) = agentrace::shutdown::channel();
         let cluster = sim::start_with_oracle(
@@ -395,18 +389,22 @@ async fn sweep_writes_the_pareto_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_exit_codes_name_the_problem() {
     let _serial = SERIAL.lock().await;
-    if !std::path::Path::new(SAMPLE).exists() {
-        println!("skipped: {SAMPLE} is absent");
-        return;
-    }
     let bin = env!("CARGO_BIN_EXE_agentrace");
     let out = tempfile::tempdir().unwrap();
+    // Twenty small conversations, as many as the public sample has: the official config's
+    // budget rule below counts them.
+    let rows: Vec<Value> = (0..20)
+        .flat_map(|i| support::dataset::coding_conversation(&format!("conv-{i:02}"), 1))
+        .collect();
+    let dataset = support::dataset::write_rows(out.path(), "twenty.jsonl", &rows);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let run = |args: &[&str]| {
         let o = std::process::Command::new(bin)
-            .args(["replay", "--no-progress", "--dataset", SAMPLE, "--out"])
+            .args(["replay", "--no-progress", "--dataset"])
+            .arg(&dataset)
+            .arg("--out")
             .arg(out.path())
             .args(args)
             .output()

@@ -815,15 +815,12 @@ fn matches_expected(r: &Reply, expected: &RecordedReply) -> bool {
 #[tokio::test(start_paused = true)]
 async fn oracle_replays_recorded_replies_of_salted_sample_turns() {
     use agentrace::dataset::{LoadOptions, ModelParams, RequestBuilder, Salt};
-    let path = std::path::Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/datasets/mlperf_agentic_coding_sample.jsonl"
-    ));
-    if !path.exists() {
-        println!("skipped: {} is absent", path.display());
+    let Some(path) =
+        support::dataset::sample_path("oracle_replays_recorded_replies_of_salted_sample_turns")
+    else {
         return;
-    }
-    let dataset = Arc::new(agentrace::dataset::load(path, &LoadOptions::default()).unwrap());
+    };
+    let dataset = Arc::new(agentrace::dataset::load(&path, &LoadOptions::default()).unwrap());
     let with_reply: usize = dataset
         .conversations
         .iter()

@@ -570,7 +570,7 @@ impl Conversation {
 /// it names the deployment, which the replay's `--model-name` chooses; `tools` has its own
 /// first-row rule.
 fn is_generation_setting(key: &str) -> bool {
-    key != "model" && key != "tools" && crate::dataset::load::REQUEST_KEYS.contains(&key)
+    key != "model" && key != "tools" && crate::dataset::request::request_keys().any(|k| k == key)
 }
 
 fn role(m: &Value) -> &str {

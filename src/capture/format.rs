@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::proxy::tap::KeySource;
+use crate::tap::KeySource;
 
 /// The format tag every segment header carries; readers refuse other major versions.
 pub const FORMAT: &str = "agentrace.capture.v1";

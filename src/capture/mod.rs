@@ -4,13 +4,13 @@
 //! Stages: `sink` (the tap's observers: small records and `Bytes` clones into a bounded
 //! queue) → `writer` (one thread: per-session delta encoding, zstd segments, flush, rotation)
 //! → files described by `format`; `reader` recovers them, `export` turns them into an MLPerf
-//! agentic dataset, `open_loop` replays them at their recorded times, `cli` is the command.
+//! agentic dataset, `cli` is the command. The replayer's `open_loop` replays them at their
+//! recorded times.
 
 pub mod cli;
 pub mod export;
 pub mod format;
 pub mod merge;
-pub mod open_loop;
 pub mod reader;
 pub mod redact;
 pub mod sink;
@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::proxy::tap::ExchangeSink;
+use crate::tap::ExchangeSink;
 
 /// What to do when the recorder's queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -439,7 +439,7 @@ mod tests {
 
     #[tokio::test]
     async fn held_bytes_return_to_zero_once_records_are_written_or_cut() {
-        use crate::proxy::tap::{ExchangeEnd, ExchangeStart, KeySource};
+        use crate::tap::{ExchangeEnd, ExchangeStart, KeySource};
         let dir = tempfile::tempdir().unwrap();
         let rec = Recorder::start(&CaptureConfig {
             enabled: true,

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 
 use super::{CaptureConfig, FullPolicy};
-use crate::proxy::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart};
+use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeSink, ExchangeStart};
 
 /// Counters shared by the sink, the writer and [`super::Recorder::stats`].
 #[derive(Debug, Default)]

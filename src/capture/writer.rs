@@ -27,7 +27,7 @@ use super::format::{
 use super::redact::Redactor;
 use super::sink::{Captured, Msg, Shared};
 use super::{CaptureConfig, CaptureError};
-use crate::proxy::tap::ExchangeEnd;
+use crate::tap::ExchangeEnd;
 
 /// Lets `Recorder::finish` wait for the writer thread without blocking the runtime.
 pub(crate) struct WriterHandle {
@@ -717,9 +717,9 @@ mod tests {
             let body = Bytes::from_static(b"{}");
             writer.remember(&Captured {
                 id: i,
-                start: crate::proxy::tap::ExchangeStart {
+                start: crate::tap::ExchangeStart {
                     session_key: Some(key),
-                    key_source: crate::proxy::tap::KeySource::Header,
+                    key_source: crate::tap::KeySource::Header,
                     backend: "a".into(),
                     started_unix_ns: 0,
                     started_at: now,

@@ -205,8 +205,8 @@ impl Defaults {
     }
 }
 
-/// The body's fields after `messages`, in the reference's order, with where a default
-/// comes from when the row has none.
+/// The body's fields after `messages`, in the reference's order: the one list the request
+/// builder writes and the loader reads rows by (see [`request_keys`]).
 const BODY_FIELDS: &[&str] = &[
     "temperature",
     "max_completion_tokens",
@@ -226,6 +226,19 @@ const BODY_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
 ];
+
+/// The row keys a dataset may give `max_completion_tokens` under, in the reference's order of
+/// preference.
+const MAX_TOKENS_KEYS: &[&str] = &["max_new_tokens", "max_completion_tokens", "max_tokens"];
+
+/// Row keys that become request fields, in the body's order: `model`, then [`BODY_FIELDS`]
+/// with the max-token aliases where `max_completion_tokens` goes.
+pub(crate) fn request_keys() -> impl Iterator<Item = &'static str> {
+    std::iter::once("model").chain(BODY_FIELDS.iter().flat_map(|field| match *field {
+        "max_completion_tokens" => MAX_TOKENS_KEYS.iter().copied(),
+        _ => std::slice::from_ref(field).iter().copied(),
+    }))
+}
 
 impl RequestBuilder {
     /// `include_usage` adds `stream_options: {"include_usage": true}` to streaming requests.

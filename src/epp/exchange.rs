@@ -15,7 +15,7 @@ use super::reply;
 use super::Picker;
 use crate::proxy::fields::Fields;
 use crate::proxy::routing::{session_key, InFlight, Outcome, SessionKey};
-use crate::proxy::tap::KeySource;
+use crate::tap::KeySource;
 
 /// `BodySendMode::FULL_DUPLEX_STREAMED`: the body passes through the picker, which may hold it.
 const FULL_DUPLEX: i32 = 4;

@@ -16,9 +16,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use super::routing::{Pool, SessionKey};
-use super::tap::KeySource;
 use super::Inner;
 use crate::shutdown::Shutdown;
+use crate::tap::KeySource;
 
 /// Serves the admin API until `stop` fires.
 pub async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdown) {

@@ -13,8 +13,8 @@ use metrics_exporter_prometheus::{
 use parking_lot::Mutex;
 
 use super::routing::{Outcome, Pool, SessionTable};
-use super::tap::KeySource;
 use crate::capture::RecorderStats;
+use crate::tap::KeySource;
 
 static META: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
 

@@ -2,8 +2,8 @@
 //!
 //! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the `h1` wire
 //! format) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
-//! streamed response) over `pool` (per-worker keep-alive connections) → `tap` (frame observers
-//! for the recorder);
+//! streamed response) over `pool` (per-worker keep-alive connections), which reports each
+//! exchange through the crate's [`tap`](crate::tap) (frame observers for the recorder);
 //! `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
@@ -20,7 +20,6 @@ pub mod listener;
 pub mod metrics;
 pub mod pool;
 pub mod routing;
-pub mod tap;
 pub mod upstream;
 
 use std::collections::HashMap;
@@ -37,9 +36,9 @@ pub use config::{ConfigError, Policy, ProxyConfig};
 
 use crate::capture::{CaptureError, Recorder};
 use crate::shutdown::Shutdown;
+use crate::tap::ExchangeSink;
 use metrics::ProxyMetrics;
 use routing::{AffinitySettings, Backend, Pool, Router};
-use tap::ExchangeSink;
 
 /// Why the proxy could not start (or a reload was refused).
 #[derive(Debug, thiserror::Error)]

@@ -26,9 +26,9 @@ use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, Wo
 use super::routing::{
     fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
 };
-use super::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 use super::{Inner, ProxyError};
 use crate::http_body::BoxError;
+use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 
 /// A connection pool (one per forwarding worker, one for health probes), connecting with
 /// `tls_client_config` for `https`.

@@ -284,14 +284,14 @@ async fn run_captures(args: &ReplayArgs, captures: &[PathBuf]) -> anyhow::Result
         crate::shutdown::signal().await;
         trigger.fire();
     });
-    let options = crate::capture::open_loop::OpenLoopOptions {
+    let options = crate::replay::open_loop::OpenLoopOptions {
         target,
         captures: captures.to_vec(),
         speed: args.speed,
         out_dir: args.run.out.clone(),
         sessions: args.sessions.clone(),
     };
-    let report = crate::capture::open_loop::run(options, shutdown)
+    let report = crate::replay::open_loop::run(options, shutdown)
         .await
         .with_context(|| {
             format!(

@@ -7,6 +7,7 @@ pub mod config;
 pub mod decode;
 pub mod events;
 pub mod metrics;
+pub mod open_loop;
 pub mod report;
 pub mod scheduler;
 pub mod scorer;

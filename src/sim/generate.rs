@@ -4,37 +4,11 @@
 use serde_json::{Map, Value};
 
 use super::config::ResponderConfig;
-use super::render::{splitmix64, BYTES_PER_TOKEN};
+use super::render::BYTES_PER_TOKEN;
+use crate::random::Rng;
 
 /// Tokens charged for a tool call's name and envelope (llm-d-sim counts 3).
 const TOOL_CALL_HEADER_TOKENS: u32 = 3;
-
-/// Seeded SplitMix64 stream: every random choice of a reply comes from one of these.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A stream for this seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        splitmix64(self.0)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
-    }
-}
 
 /// The delta one piece adds to the reply.
 #[derive(Debug, Clone, PartialEq)]
@@ -250,7 +224,7 @@ fn tool_call_pieces(index: usize, id: String, name: String, arguments: &str) -> 
 
 /// The synthetic reply to a chat request.
 pub fn synthetic_chat(shape: ChatShape<'_>, cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
-    let natural = rng.range(cfg.output_tokens_min, cfg.output_tokens_max);
+    let natural = rng.int(cfg.output_tokens_min, cfg.output_tokens_max);
     let reasoning_tokens = if shape.thinking {
         (natural as f64 * cfg.reasoning_ratio) as usize
     } else {
@@ -278,7 +252,7 @@ pub fn synthetic_chat(shape: ChatShape<'_>, cfg: &ResponderConfig, rng: &mut Rng
 
 /// The synthetic reply to a text completion.
 pub fn synthetic_text(cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
-    let natural = rng.range(cfg.output_tokens_min, cfg.output_tokens_max);
+    let natural = rng.int(cfg.output_tokens_min, cfg.output_tokens_max);
     Reply::new(
         text_pieces(&words(rng, natural), Delta::Content).collect(),
         FinishReason::Stop,
@@ -302,7 +276,7 @@ fn pick_tool<'a>(
     if functions.is_empty() {
         return None;
     }
-    let draw = rng.next_f64();
+    let draw = rng.f64();
     let pick = rng.next_u64() as usize % functions.len();
     match shape.tool_choice {
         Some(Value::String(s)) if s == "none" => None,

@@ -24,11 +24,12 @@ use tokio::time::Instant;
 use super::api::{ChatRequest, CompletionRequest, Message};
 use super::config::{MidStreamFault, SimConfig};
 use super::engine::{Command, Event, SimClock, Submission, Timings, TraceContext};
-use super::generate::{self, ChatShape, Delta, Reply, Rng};
+use super::generate::{self, ChatShape, Delta, Reply};
 use super::metrics::Metrics;
 use super::oracle::Oracle;
-use super::render::{self, fnv64, splitmix64, Prompt};
+use super::render::{self, fnv64, Prompt};
 use crate::http_body::{Body, BoxError};
+use crate::random::{splitmix64, Rng};
 use crate::shutdown::Shutdown;
 
 /// Largest request body accepted.
@@ -293,7 +294,7 @@ impl Replica {
             recorded.content.as_deref(),
             recorded.tool_calls.as_ref(),
         );
-        Some(if rng.next_f64() < self.config.responder.oracle_accuracy {
+        Some(if rng.f64() < self.config.responder.oracle_accuracy {
             generate::recorded(r, c, t, rng)
         } else {
             generate::wrong(r, c, t, rng)
@@ -345,7 +346,7 @@ impl Replica {
         // Faults come from their own seeded stream so turning one on does not change replies.
         let mut fault_rng = Rng::new(splitmix64(plan.rng_seed ^ 0xFA17_FA17_FA17_FA17));
         let f = &cfg.faults;
-        let draw = fault_rng.next_f64();
+        let draw = fault_rng.f64();
         if draw < f.fail_rate {
             let status =
                 StatusCode::from_u16(f.fail_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -359,7 +360,7 @@ impl Replica {
             ));
         }
         let cut_after = (draw < f.fail_rate + f.hang_rate + f.fail_mid_stream_rate)
-            .then(|| fault_rng.range(1, plan.reply.tokens.saturating_sub(1).max(1)));
+            .then(|| fault_rng.int(1, plan.reply.tokens.saturating_sub(1).max(1)));
 
         let arrival_ns = self.clock.sim_ns(accepted);
         let overhead_ms = cfg.engine.request_overhead_ms + f.extra_delay_ms;

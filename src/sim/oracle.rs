@@ -7,8 +7,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::api::{content_text, Message};
-use super::render::{fnv64, splitmix64};
+use super::render::fnv64;
 use crate::dataset::{Dataset, RecordedReply};
+use crate::random::splitmix64;
 
 /// Why a dataset cannot back the oracle.
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use super::api::{content_text, Message};
+use crate::random::splitmix64;
 
 /// Seed of the block-hash chain: fixed so hashes are reproducible run to run.
 const NONE_HASH: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -119,14 +120,6 @@ pub fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(FNV64_OFFSET, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(FNV64_PRIME)
     })
-}
-
-/// SplitMix64's finaliser: a cheap, well-mixed 64-bit permutation.
-pub fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use agentrace::capture::reader::{self, Exchange};
 use agentrace::capture::{CaptureConfig, FullPolicy};
-use agentrace::proxy::tap::{ExchangeEnd, ExchangeSink, ExchangeStart, KeySource};
+use agentrace::tap::{ExchangeEnd, ExchangeSink, ExchangeStart, KeySource};
 use bytes::Bytes;
 use tokio::time::{Duration, Instant};
 
@@ -92,7 +92,7 @@ pub async fn drive_waiting(sink: &dyn ExchangeSink, ex: &FakeExchange) {
 fn drive_to_end(
     sink: &dyn ExchangeSink,
     ex: &FakeExchange,
-) -> (Box<dyn agentrace::proxy::tap::ExchangeObserver>, Instant) {
+) -> (Box<dyn agentrace::tap::ExchangeObserver>, Instant) {
     let started = Instant::now();
     let mut headers = http::HeaderMap::new();
     for (k, v) in &ex.headers {

@@ -6,21 +6,28 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-/// The public MLPerf sample, or `None` (with a `skipped:` line) when it is absent. Looked for
-/// where `scripts/fetch-sample.sh` puts it (`datasets/` in the checkout), then in a
-/// `shared/datasets/` directory beside the checkout.
-pub fn sample_path() -> Option<PathBuf> {
+/// The public MLPerf sample, or `None` (with a visible skip line naming `test`) when it is
+/// absent. Looked for in `AGENTRACE_SAMPLE_DIR` when set (so a run can check the skips:
+/// `AGENTRACE_SAMPLE_DIR=/nonexistent cargo test`), else where `scripts/fetch-sample.sh` puts
+/// it (`datasets/` in the checkout), then in a `shared/datasets/` directory beside the checkout.
+pub fn sample_path(test: &str) -> Option<PathBuf> {
     const NAME: &str = "mlperf_agentic_coding_sample.jsonl";
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let places = [
-        root.join("datasets").join(NAME),
-        root.join("../shared/datasets").join(NAME),
-    ];
+    let places = match std::env::var_os("AGENTRACE_SAMPLE_DIR") {
+        Some(dir) => vec![PathBuf::from(dir).join(NAME)],
+        None => vec![
+            root.join("datasets").join(NAME),
+            root.join("../shared/datasets").join(NAME),
+        ],
+    };
     let found = places.iter().find(|p| p.exists()).cloned();
     if found.is_none() {
-        println!(
-            "skipped: the public sample is absent ({}; scripts/fetch-sample.sh downloads it)",
-            places[0].display()
+        super::skip(
+            test,
+            &format!(
+                "the public sample is absent ({}; scripts/fetch-sample.sh downloads it)",
+                places[0].display()
+            ),
         );
     }
     found

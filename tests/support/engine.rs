@@ -36,9 +36,10 @@ pub fn artefacts(test: &str) -> Option<(PathBuf, PathBuf)> {
     match from_env().or_else(from_cache) {
         Some((server, model)) if server.is_file() && model.is_file() => Some((server, model)),
         _ => {
-            println!(
-                "skipped {test}: no llama-server built (run scripts/real-engine.sh, or set \
-                 AGENTRACE_LLAMA_SERVER and AGENTRACE_TINY_GGUF)"
+            super::skip(
+                test,
+                "no llama-server built (run scripts/real-engine.sh, or set \
+                 AGENTRACE_LLAMA_SERVER and AGENTRACE_TINY_GGUF)",
             );
             None
         }

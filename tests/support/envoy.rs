@@ -27,7 +27,10 @@ pub fn binary() -> Option<PathBuf> {
 pub fn binary_or_skip(test: &str) -> Option<PathBuf> {
     let found = binary();
     if found.is_none() {
-        println!("SKIP {test}: no Envoy binary (run scripts/envoy.sh, or set AGENTRACE_ENVOY)");
+        super::skip(
+            test,
+            "no Envoy binary (run scripts/envoy.sh, or set AGENTRACE_ENVOY)",
+        );
     }
     found
 }

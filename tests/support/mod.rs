@@ -14,3 +14,12 @@ pub mod raw_http1;
 pub mod replay;
 pub mod sim;
 pub mod truth;
+
+/// Says that `test` skipped, and why, where a reader of `cargo test` output sees it. The test
+/// harness captures `print!` and `eprint!` and shows them only for failing tests, so a skip
+/// reported that way is invisible; this writes to the process's stderr directly, one line per
+/// skip, beside the harness's own `test … ok`.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "skipped {test}: {why}");
+}

@@ -6,7 +6,7 @@ use http::{HeaderName, Method};
 
 use super::hash::{avalanche, hash64};
 use crate::proxy::fields::Fields;
-use crate::proxy::tap::KeySource;
+use crate::tap::KeySource;
 
 /// A request's session key with its precomputed hash.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use super::*;
 use crate::proxy::fields::WireFields;
 use crate::proxy::metrics::ProxyMetrics;
-use crate::proxy::tap::KeySource;
+use crate::tap::KeySource;
 
 fn pool_of(names: &[&str], load_factor: f64) -> Pool {
     let metrics = ProxyMetrics::new();

@@ -9,8 +9,8 @@ use http_body_util::{BodyExt, Full};
 use tokio::task::JoinSet;
 use tokio::time::{Duration, Instant};
 
-use super::reader;
-use super::CaptureError;
+use crate::capture::reader;
+use crate::capture::CaptureError;
 use crate::shutdown::Shutdown;
 
 /// What to replay, where, and how fast.
@@ -149,7 +149,7 @@ pub async fn run(
         )));
     }
     let dir = opts.captures.clone();
-    let capture = tokio::task::spawn_blocking(move || super::merge::read_all(&dir))
+    let capture = tokio::task::spawn_blocking(move || crate::capture::merge::read_all(&dir))
         .await
         .map_err(|e| CaptureError::Http(format!("capture reader failed: {e}")))??;
     let mut exchanges: Vec<reader::Exchange> = capture
