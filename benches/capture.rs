@@ -245,7 +245,7 @@ async fn proxy_run(
         .unwrap();
     let out = tempfile::tempdir().unwrap();
     let replay = agentrace::replay::config::ReplayConfig {
-        target: format!("http://{}", proxy.addr),
+        target: format!("http://{}", proxy.addr).into(),
         model_name: Some("m".into()),
         concurrency: 20,
         enable_salt: false,

@@ -129,7 +129,7 @@ async fn measure(
     tweak: impl FnOnce(&mut ReplayConfig),
 ) -> (replay::ReplaySummary, f64) {
     let mut cfg = ReplayConfig {
-        target: target.to_string(),
+        target: target.into(),
         concurrency,
         progress: false,
         enable_salt: true,
@@ -164,7 +164,7 @@ async fn ground_truth() {
     let target = format!("http://{}", cluster.addrs()[0]);
     let out = dir.path().join("run");
     let cfg = ReplayConfig {
-        target,
+        target: target.into(),
         concurrency: 2,
         progress: false,
         ..Default::default()

@@ -78,7 +78,7 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     let (stop_second, second_shutdown) = agentrace::shutdown::channel();
     let replay_proxy = start_proxy(&sim.addrs(), Some(config(&second)), second_shutdown).await;
     let replay_config = agentrace::replay::config::ReplayConfig {
-        target: format!("http://{}", replay_proxy.addr),
+        target: format!("http://{}", replay_proxy.addr).into(),
         dataset: Some(dataset_path.clone()),
         model_name: Some("m".into()),
         concurrency: 1,

@@ -22,7 +22,7 @@ use support::engine::{artefacts, Engine};
 /// Replay settings for the tiny model: 8 new tokens a turn, greedy, no salt, no delays.
 fn replay_config(target: &str, concurrency: usize) -> ReplayConfig {
     ReplayConfig {
-        target: target.to_string(),
+        target: target.into(),
         concurrency,
         enable_salt: false,
         inject_tool_delay: false,

@@ -395,7 +395,7 @@ fn proxy_config(
 
 fn replay_config(plan: &Plan, target: SocketAddr, concurrency: usize) -> ReplayConfig {
     ReplayConfig {
-        target: format!("http://{target}"),
+        target: format!("http://{target}").into(),
         model: Some("qwen3.6-35b-a3b".into()),
         concurrency,
         time_scale: plan.time_scale,

@@ -16,9 +16,11 @@ pub struct RunFlags {
     /// TOML run config (`config/replay-qwen.toml`, `config/replay-kimi.toml`).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Endpoint base URL, e.g. http://127.0.0.1:8080.
+    /// Endpoint base URL, e.g. http://127.0.0.1:8080. Repeat it for several endpoints without
+    /// a router in front: conversation k goes to endpoint k mod N, all its turns there, and
+    /// report.txt gives each endpoint's figures (replaces the config's `target`).
     #[arg(long)]
-    pub target: Option<String>,
+    pub target: Vec<String>,
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
@@ -154,7 +156,9 @@ pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<R
             }
         };
     }
-    set!(target, flags.target.clone());
+    if !flags.target.is_empty() {
+        c.target = flags.target.clone().into();
+    }
     if flags.dataset.is_some() {
         c.dataset = flags.dataset.clone();
     }
@@ -250,7 +254,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     // Before the standard set is generated (seconds, 19 MB) for a target that is not there.
-    super::connect_to_target(&config).await?;
+    super::connect_to_targets(&config).await?;
     let dataset = load_dataset(&config)?;
     if let Err(code) = check_budget(&config, &dataset) {
         return Ok(code);
@@ -268,9 +272,19 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 
 /// `replay --captures DIR --timing recorded`: the proxy's captures, open-loop.
 async fn run_captures(args: &ReplayArgs, captures: &[PathBuf]) -> anyhow::Result<ExitCode> {
-    let Some(target) = args.run.target.clone() else {
-        eprintln!("error: invalid configuration: --target is required with --captures");
-        return Ok(ExitCode::from(EXIT_CONFIG));
+    let target = match args.run.target.as_slice() {
+        [one] => one.clone(),
+        [] => {
+            eprintln!("error: invalid configuration: --target is required with --captures");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+        _ => {
+            eprintln!(
+                "error: invalid configuration: --captures replays to one --target (got {})",
+                args.run.target.len()
+            );
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
     };
     if !(args.speed.is_finite() && args.speed > 0.0) {
         eprintln!(

@@ -45,6 +45,97 @@ pub enum LogPrompts {
     Full,
 }
 
+/// The endpoints of a replay: one URL, or several that share the conversations. In TOML
+/// either `target = "http://a:8000"` or `target = ["http://a:8000", "http://b:8000"]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Targets(Vec<String>);
+
+impl Targets {
+    /// The URLs, in the order given.
+    pub fn iter(&self) -> std::slice::Iter<'_, String> {
+        self.0.iter()
+    }
+
+    /// Number of endpoints.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No endpoint given.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The endpoint of trajectory instance `k` (the k-th trajectory a phase starts: dataset
+    /// conversation `k mod n`, repeat `k / n`): `k mod targets`. Every turn of a conversation
+    /// thus goes to one endpoint (its KV cache stays there), the choice is the same in every
+    /// run, and the endpoints get conversation counts within one of each other, where a hash
+    /// of the id would leave a small run unbalanced.
+    pub fn of_instance(k: u64, targets: usize) -> usize {
+        (k % targets.max(1) as u64) as usize
+    }
+}
+
+impl From<Vec<String>> for Targets {
+    fn from(urls: Vec<String>) -> Self {
+        Targets(urls)
+    }
+}
+
+impl From<String> for Targets {
+    fn from(url: String) -> Self {
+        Targets(vec![url])
+    }
+}
+
+impl From<&str> for Targets {
+    fn from(url: &str) -> Self {
+        Targets(vec![url.to_string()])
+    }
+}
+
+impl std::fmt::Display for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
+}
+
+/// One endpoint is written as a string (as before lists were accepted), several as a list.
+impl Serialize for Targets {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.as_slice() {
+            [one] => s.serialize_str(one),
+            many => many.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Targets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Urls;
+        impl<'de> serde::de::Visitor<'de> for Urls {
+            type Value = Targets;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a URL or a list of URLs")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Targets, E> {
+                Ok(Targets(vec![v.to_string()]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Targets, A::Error> {
+                let mut urls = Vec::new();
+                while let Some(url) = seq.next_element::<String>()? {
+                    urls.push(url);
+                }
+                Ok(Targets(urls))
+            }
+        }
+        d.deserialize_any(Urls)
+    }
+}
+
 /// Default of `max_response_bytes`: hundreds of times the largest reply of a real agent turn
 /// (a 32 K-token reply streamed token by token is about 8 MiB of SSE).
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
@@ -56,8 +147,10 @@ pub const MIN_MAX_RESPONSE_BYTES: u64 = 4096;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplayConfig {
-    /// Base URL of the OpenAI-compatible endpoint (`http://host:port`, optional path prefix).
-    pub target: String,
+    /// Base URL of the OpenAI-compatible endpoint (`http://host:port`, optional path prefix),
+    /// or a list of them: conversations are then spread over the endpoints, each conversation
+    /// kept on one (see [`Targets::of_instance`]).
+    pub target: Targets,
     /// Dataset file; the standard set is generated and used when absent.
     pub dataset: Option<PathBuf>,
     /// A dataset line longer than this stops the load at once, naming the line.
@@ -120,7 +213,7 @@ pub struct ReplayConfig {
 impl Default for ReplayConfig {
     fn default() -> Self {
         Self {
-            target: String::new(),
+            target: Targets::default(),
             dataset: None,
             dataset_max_line_bytes: crate::dataset::lines::DEFAULT_MAX_LINE_BYTES as u64,
             model: None,
@@ -245,10 +338,22 @@ impl ReplayConfig {
             Err(ConfigError::Invalid { field, message })
         }
         if self.target.is_empty() {
-            return bad("target", "must be set (e.g. http://127.0.0.1:8080)".into());
+            return bad(
+                "target",
+                "must be set: a URL or a list of URLs (e.g. http://127.0.0.1:8080)".into(),
+            );
         }
-        if let Err(e) = super::client::Target::parse(&self.target) {
-            return bad("target", format!("{e}, got {:?}", self.target));
+        for (i, url) in self.target.iter().enumerate() {
+            if let Err(e) = super::client::Target::parse(url) {
+                return bad("target", format!("{e}, got {url:?}"));
+            }
+            let same = |other: &String| other.trim_end_matches('/') == url.trim_end_matches('/');
+            if self.target.iter().take(i).any(same) {
+                return bad(
+                    "target",
+                    format!("{url:?} is listed twice (each endpoint once)"),
+                );
+            }
         }
         if self.concurrency == 0 {
             return bad("concurrency", "must be >= 1, got 0".into());

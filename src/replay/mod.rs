@@ -8,6 +8,7 @@ pub mod decode;
 pub mod events;
 pub mod metrics;
 pub mod open_loop;
+pub mod per_target;
 pub mod report;
 pub mod scheduler;
 pub mod scorer;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-pub use config::{ConfigError, LogPrompts, ReplayConfig};
+pub use config::{ConfigError, LogPrompts, ReplayConfig, Targets};
 pub use metrics::Metrics;
 
 use crate::dataset::{Dataset, RequestBuilder};
@@ -43,12 +44,12 @@ pub enum ReplayError {
         /// What is wrong.
         message: String,
     },
-    /// The target did not accept a connection.
+    /// A target did not accept a connection.
     #[error("target {target} is unreachable: {message}")]
     Unreachable {
-        /// The configured target.
+        /// The first configured target that did not answer.
         target: String,
-        /// The connect error.
+        /// The connect error (and any further target that did not answer either).
         message: String,
     },
     /// The runtime that runs the slots could not be started.
@@ -140,31 +141,73 @@ pub struct ReplaySummary {
     pub wall_s: f64,
 }
 
-/// The connector for `config.target`, once a connection to it has opened: a replay fails fast
-/// and clearly when nothing listens there, before it generates or loads a dataset.
-pub async fn connect_to_target(config: &ReplayConfig) -> Result<client::Connector, ReplayError> {
-    let target = client::Target::parse(&config.target).map_err(|message| {
-        ReplayError::Config(ConfigError::Invalid {
-            field: "target",
-            message,
-        })
-    })?;
+/// A connector per endpoint of `config.target`, once a connection to each has opened: a replay
+/// fails fast and clearly when nothing listens at one of them, before it generates or loads a
+/// dataset. Every endpoint is tried (at once), and each one that did not answer is named.
+pub async fn connect_to_targets(
+    config: &ReplayConfig,
+) -> Result<Vec<client::Connector>, ReplayError> {
     let api_key = config.api_key();
-    let unreachable = |message: String| ReplayError::Unreachable {
-        target: config.target.clone(),
-        message,
-    };
+    let tries = config
+        .target
+        .iter()
+        .map(|url| open_target(config, url, api_key.as_deref()));
+    let mut connectors = Vec::with_capacity(config.target.len());
+    let mut down: Vec<(&String, String)> = Vec::new();
+    for (url, outcome) in config
+        .target
+        .iter()
+        .zip(futures_util::future::join_all(tries).await)
+    {
+        match outcome {
+            Ok(c) => connectors.push(c),
+            Err(OpenError::Invalid(e)) => return Err(e),
+            Err(OpenError::Unreachable(why)) => down.push((url, why)),
+        }
+    }
+    let mut down = down.into_iter();
+    match down.next() {
+        None => Ok(connectors),
+        Some((target, mut message)) => {
+            for (other, why) in down {
+                message.push_str(&format!("; target {other} is unreachable too: {why}"));
+            }
+            Err(ReplayError::Unreachable {
+                target: target.clone(),
+                message,
+            })
+        }
+    }
+}
+
+enum OpenError {
+    Invalid(ReplayError),
+    Unreachable(String),
+}
+
+/// The connector for one endpoint, once a connection to it has opened.
+async fn open_target(
+    config: &ReplayConfig,
+    url: &str,
+    api_key: Option<&str>,
+) -> Result<client::Connector, OpenError> {
+    let target = client::Target::parse(url).map_err(|message| {
+        OpenError::Invalid(ReplayError::Config(ConfigError::Invalid {
+            field: "target",
+            message: format!("{message}, got {url:?}"),
+        }))
+    })?;
     let connector = client::Connector::new(
         target,
-        api_key.as_deref(),
+        api_key,
         Duration::from_secs_f64(config.connect_timeout_s),
         usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
     )
-    .map_err(|e| unreachable(e.to_string()))?;
+    .map_err(|e| OpenError::Unreachable(e.to_string()))?;
     connector
         .connect()
         .await
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|e| OpenError::Unreachable(e.to_string()))?;
     Ok(connector)
 }
 
@@ -189,7 +232,7 @@ pub async fn run(
             .check_salt_preflight()
             .map_err(|e| dataset_err(e.to_string()))?;
     }
-    let connector = connect_to_target(&config).await?;
+    let connectors = connect_to_targets(&config).await?;
     // Only once the target answered: a run that cannot start leaves no directory behind.
     let out_err = |path: &Path, e: &dyn std::fmt::Display| ReplayError::Output {
         path: path.display().to_string(),
@@ -230,7 +273,7 @@ pub async fn run(
         Arc::new(Phase {
             dataset: dataset.clone(),
             builder: builder.clone(),
-            connector: connector.clone(),
+            connectors: connectors.clone(),
             events,
             epoch,
             budget,
@@ -299,6 +342,13 @@ pub async fn run(
         issued_after_stop,
         failure_reasons: &result.failure_reasons,
     });
+    let targets: Vec<String> = config.target.iter().cloned().collect();
+    let per_target = per_target::compute(
+        &targets,
+        &result.turns,
+        &result.trajectories,
+        metrics.tracked_duration_ns,
+    );
     let scores =
         scorer::score_events(&events_path, &dataset).map_err(|e| out_err(&events_path, &e))?;
     let scores_path = out_dir.join("scores.json");
@@ -316,9 +366,10 @@ pub async fn run(
         wall_anchor_unix_ns,
         clock_zero_monotonic_ns: clock_zero_ns,
         event_lines: lines,
+        per_target: &per_target,
     });
     write_json(&summary_path, &doc)?;
-    let text = report::report_text(&config, &dataset, &metrics, &summary);
+    let text = report::report_text(&config, &dataset, &metrics, &summary, &per_target);
     let report_path = out_dir.join("report.txt");
     std::fs::write(&report_path, text).map_err(|e| out_err(&report_path, &e))?;
     Ok(summary)

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::config::ReplayConfig;
 use super::metrics::{Metrics, Series};
+use super::per_target::TargetFigures;
 use super::scheduler::Progress;
 use super::scorer::Scores;
 use super::{Gate, ReplaySummary};
@@ -155,6 +156,8 @@ pub struct SummaryInputs<'a> {
     pub clock_zero_monotonic_ns: u64,
     /// Lines in `events.jsonl`.
     pub event_lines: u64,
+    /// Each endpoint's share, in `config.target`'s order.
+    pub per_target: &'a [TargetFigures],
 }
 
 /// `result_summary.json`: the reference's keys first, then agentrace's additions.
@@ -205,6 +208,11 @@ pub fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
         "finish_reason_counts": m.finish_reason_counts,
         "run_config": config,
         "target": i.config.target,
+        "per_target": {
+            "assignment": "trajectory instance k (conversation k mod n, repeat k / n) goes to target k mod targets: every turn of a conversation to one target",
+            "turn_filter": "turns_completed and turns_failed count every turn (they sum to metrics.turns.ok and .failed); output_tokens, tokens_per_s and TTFT use the tracked turns (they sum to the run's output tokens and tps)",
+            "targets": i.per_target,
+        },
         "dataset": {
             "path": i.dataset.path.display().to_string(),
             "sha256": i.dataset.sha256,
@@ -239,6 +247,7 @@ pub fn report_text(
     dataset: &Dataset,
     m: &Metrics,
     s: &ReplaySummary,
+    per_target: &[TargetFigures],
 ) -> String {
     let est = if m.tokens_from_usage {
         ""
@@ -360,6 +369,9 @@ pub fn report_text(
         m.turns.tracked_issued - m.turns.tracked_ok,
         m.turns.tracked_issued
     );
+    if per_target.len() > 1 {
+        per_target_lines(&mut o, per_target);
+    }
     const SHOWN: usize = 5;
     for r in m.failure_reasons.iter().take(SHOWN) {
         let _ = writeln!(o, "  {:>6} {}: {}", r.count, r.kind.as_str(), r.reason);
@@ -401,6 +413,34 @@ pub fn report_text(
     }
     let _ = writeln!(o, "rates use: {}", m.turn_filter);
     o
+}
+
+/// One line per endpoint: its share of the work and how it served it.
+fn per_target_lines(o: &mut String, per_target: &[TargetFigures]) {
+    let _ = writeln!(
+        o,
+        "per target    (conversation k to target k mod {}; tokens and TTFT of tracked turns)",
+        per_target.len()
+    );
+    let _ = writeln!(
+        o,
+        "  {:<32}{:>7}{:>8}{:>8}{:>11}{:>10}{:>10}{:>10}",
+        "target", "traj", "ok", "failed", "out tok", "tok/s", "TTFT p50", "p90 ms"
+    );
+    for t in per_target {
+        let _ = writeln!(
+            o,
+            "  {:<32}{:>7}{:>8}{:>8}{:>11}{:>10}{:>10}{:>10}",
+            t.target,
+            t.trajectories,
+            t.turns_completed,
+            t.turns_failed,
+            t.output_tokens,
+            f(t.tokens_per_s, 1),
+            t.ttft_p50_ms.map_or("-".into(), |v| f(v, 2)),
+            t.ttft_p90_ms.map_or("-".into(), |v| f(v, 2)),
+        );
+    }
 }
 
 /// Starts the live progress line; returns the bar and the ticking task.

@@ -91,6 +91,8 @@ impl Finish {
 pub struct TurnRecord {
     /// Slot (user) index.
     pub slot: u32,
+    /// Index of the endpoint it went to (`ReplayConfig::target`).
+    pub target: u32,
     /// Trajectory instance number k (0-based).
     pub instance: u64,
     /// Dataset turn number.
@@ -132,6 +134,8 @@ pub struct TurnRecord {
 pub struct TrajectoryRecord {
     /// Slot that ran it.
     pub slot: u32,
+    /// Index of the endpoint all its turns went to.
+    pub target: u32,
     /// Instance number.
     pub instance: u64,
     /// Logical id.
@@ -171,7 +175,8 @@ const STOPPED: u8 = 2;
 pub(crate) struct Phase {
     pub dataset: Arc<Dataset>,
     pub builder: RequestBuilder,
-    pub connector: Connector,
+    /// One per endpoint, in `config.target`'s order.
+    pub connectors: Vec<Connector>,
     pub events: EventSink,
     pub epoch: Instant,
     pub budget: u64,
@@ -243,7 +248,8 @@ impl Phase {
 }
 
 /// Runs one slot until the budget is exhausted or issuing stops. Every slot of the phase
-/// connects first and waits at `start`, so the first wave goes out together and no slot's first
+/// connects first (to every endpoint: which one its first trajectory uses is known only once
+/// it takes one) and waits at `start`, so the first wave goes out together and no slot's first
 /// request trails the replies to the others (the reference issues its whole first wave before
 /// it reads a response).
 pub(crate) async fn run_slot(
@@ -252,7 +258,10 @@ pub(crate) async fn run_slot(
     start: Arc<tokio::sync::Barrier>,
 ) -> SlotResult {
     let mut out = SlotResult::default();
-    let mut conn: Option<Conn> = phase.connector.connect().await.ok();
+    let mut conns: Vec<Option<Conn>> = Vec::with_capacity(phase.connectors.len());
+    for connector in &phase.connectors {
+        conns.push(connector.connect().await.ok());
+    }
     start.wait().await;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
         (phase.ns(Instant::now())) ^ ((slot as u64) << 32) ^ 0x9E37_79B9_7F4A_7C15,
@@ -262,7 +271,17 @@ pub(crate) async fn run_slot(
         if k >= phase.budget || phase.halted() {
             break;
         }
-        run_trajectory(&phase, slot, k, &mut conn, &mut rng, &mut out).await;
+        let target = super::config::Targets::of_instance(k, phase.connectors.len());
+        run_trajectory(
+            &phase,
+            slot,
+            k,
+            target,
+            &mut conns[target],
+            &mut rng,
+            &mut out,
+        )
+        .await;
         phase.progress.trajectories.fetch_add(1, Ordering::Relaxed);
         // Refill the slot; when nothing is left, the window ends (reference §12).
         k = phase.next_instance.fetch_add(1, Ordering::SeqCst);
@@ -293,14 +312,17 @@ enum Outcome {
     },
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_trajectory(
     phase: &Phase,
     slot: u32,
     k: u64,
+    target: usize,
     conn: &mut Option<Conn>,
     rng: &mut rand_chacha::ChaCha8Rng,
     out: &mut SlotResult,
 ) {
+    let connector = &phase.connectors[target];
     let n = phase.dataset.conversations.len() as u64;
     let conv: &Arc<Conversation> = &phase.dataset.conversations[(k % n) as usize];
     let repeat = k / n + 1;
@@ -330,6 +352,7 @@ async fn run_trajectory(
 
     let mut traj = TrajectoryRecord {
         slot,
+        target: target as u32,
         instance: k,
         logical_id: logical.clone(),
         start_ns: 0,
@@ -344,7 +367,7 @@ async fn run_trajectory(
         .as_mut()
         .is_none_or(|c| c.is_stale(Duration::from_secs(4)))
     {
-        *conn = phase.connector.connect().await.ok();
+        *conn = connector.connect().await.ok();
     }
     let mut anchor = Instant::now();
     let turns = &conv.client_turns;
@@ -352,7 +375,7 @@ async fn run_trajectory(
         let deadline = anchor + Duration::from_secs_f64((turn.delay_seconds * scale).max(0.0));
         let streaming = phase.builder.is_streaming(turn);
         let body = Bytes::from(phase.builder.body(conv, turn, salt.as_ref()));
-        let request = phase.connector.request_bytes(streaming, &routing, &body);
+        let request = connector.request_bytes(streaming, &routing, &body);
 
         // Connect ahead of the deadline so connecting never shows up as latency.
         let stale = conn
@@ -361,7 +384,7 @@ async fn run_trajectory(
         let mut connect_error = None;
         if stale {
             *conn = None;
-            match phase.connector.connect().await {
+            match connector.connect().await {
                 Ok(c) => *conn = Some(c),
                 Err(e) => connect_error = Some(e.to_string()),
             }
@@ -375,7 +398,7 @@ async fn run_trajectory(
             .as_mut()
             .is_some_and(|c| c.is_stale(Duration::from_secs(4)))
         {
-            *conn = phase.connector.connect().await.ok();
+            *conn = connector.connect().await.ok();
         }
 
         let uuid = Uuid::random(rng);
@@ -389,7 +412,7 @@ async fn run_trajectory(
             (true, None) => {
                 let timeout_at = Instant::now() + turn_timeout;
                 let mut shutdown = phase.shutdown.clone();
-                let exchange = exchange_on(&phase.connector, conn, &request, &mut issued_at);
+                let exchange = exchange_on(connector, conn, &request, &mut issued_at);
                 tokio::select! {
                     r = tokio::time::timeout_at(timeout_at, exchange) => match r {
                         Ok(Ok(resp)) => match decode::decode(&resp, streaming) {
@@ -466,6 +489,7 @@ async fn run_trajectory(
 
         let mut record = TurnRecord {
             slot,
+            target: target as u32,
             instance: k,
             turn: turn.turn,
             kind: TurnKind::Ok,
@@ -615,7 +639,17 @@ async fn run_trajectory(
                 } else {
                     format!("prior turn errored: {error_type}")
                 };
-                abort_remaining(phase, slot, k, &logical, &turns[i + 1..], &reason, rng, out).await;
+                abort_remaining(
+                    phase,
+                    (slot, target as u32),
+                    k,
+                    &logical,
+                    &turns[i + 1..],
+                    &reason,
+                    rng,
+                    out,
+                )
+                .await;
                 break;
             }
         }
@@ -649,7 +683,7 @@ async fn exchange_on(
 #[allow(clippy::too_many_arguments)]
 async fn abort_remaining(
     phase: &Phase,
-    slot: u32,
+    (slot, target): (u32, u32),
     k: u64,
     logical: &Arc<str>,
     rest: &[crate::dataset::ClientTurn],
@@ -691,6 +725,7 @@ async fn abort_remaining(
         phase.progress.errors.fetch_add(1, Ordering::Relaxed);
         out.turns.push(TurnRecord {
             slot,
+            target,
             instance: k,
             turn: turn.turn,
             kind: TurnKind::Aborted,

@@ -357,7 +357,7 @@ pub fn dataset(convs: Vec<Conversation>) -> Arc<Dataset> {
 /// A replay config for tests: no progress line, no salt, no delays.
 pub fn config(target: &str, concurrency: usize) -> agentrace::replay::ReplayConfig {
     agentrace::replay::ReplayConfig {
-        target: target.to_string(),
+        target: target.into(),
         concurrency,
         enable_salt: false,
         inject_tool_delay: false,
