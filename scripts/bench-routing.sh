@@ -2,16 +2,22 @@
 # Placement against the cache-aware routers people deploy: agentrace's default session policy,
 # SMG (cache_aware, consistent_hashing) and the vLLM router (cache_aware, consistent_hash),
 # each in front of its own fresh `agentrace sim` cluster, replaying the same dataset
-# closed-loop. Prints one row per router: prefix-cache hit rate and server TTFT mean/p90 (from
-# the replicas' own counters and histogram, simulated time), client TTFT p50/p90, system_tps,
-# the slowest user's tokens/s, requests per replica and failures.
+# closed-loop. Prints one row per router and run: prefix-cache hit rate and server TTFT
+# mean/p90 (from the replicas' own counters and histogram, simulated time), client TTFT
+# p50/p90, system_tps, the slowest user's tokens/s, requests per replica and failures; with
+# RUNS > 1, then the median and the worst run of each router.
 #
 #   scripts/bench-routing.sh DATASET [REPLICAS=4] [KV_BLOCKS=5000] [CONCURRENCY=20] [HEADER=1]
 #
-# HEADER=0 replays without any session header (fingerprint vs the peers' prefix trees).
-# ROUTERS="agentrace:session smg:cache_aware ..." picks the rows. The peers are installed from
-# PyPI into a virtualenv at ${XDG_CACHE_HOME:-~/.cache}/agentrace/bench-venv when missing.
-# AGENTRACE=path/to/agentrace picks the binary (default: target/release/agentrace, built).
+# DATASET `standard` replays the standard set (generated when missing); TRAJECTORIES=48 takes
+# a slice of it. HEADER=0 replays without any session header (fingerprint vs the peers' prefix
+# trees). RUNS=3 repeats every router on a new cluster (new ports, so new backend names and a
+# new draw of hash luck). TIME_SCALE (default 0.02) scales the simulated time and delays.
+# ROUTERS="agentrace:session smg:cache_aware ..." picks the rows; AGENTRACE_CONFIG=file.toml
+# gives agentrace's proxy a config file (its `[affinity]`, say) under the flags. The peers are
+# installed from PyPI into a virtualenv at ${XDG_CACHE_HOME:-~/.cache}/agentrace/bench-venv
+# when missing. AGENTRACE=path/to/agentrace picks the binary (default: target/release/agentrace,
+# built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dataset="${1:?usage: scripts/bench-routing.sh DATASET [REPLICAS] [KV_BLOCKS] [CONCURRENCY] [HEADER]}"
@@ -19,6 +25,8 @@ replicas="${2:-4}"
 blocks="${3:-5000}"
 conc="${4:-20}"
 header="${5:-1}"
+runs="${RUNS:-1}"
+scale="${TIME_SCALE:-0.02}"
 routers="${ROUTERS:-agentrace:session agentrace:round_robin smg:cache_aware smg:consistent_hashing vllm:cache_aware vllm:consistent_hash}"
 venv="${XDG_CACHE_HOME:-$HOME/.cache}/agentrace/bench-venv"
 if [ ! -x "$venv/bin/smg" ] || [ ! -x "$venv/bin/vllm-router" ]; then
@@ -28,12 +36,19 @@ fi
 # shellcheck source=scripts/lib/bench-common.sh
 . scripts/lib/bench-common.sh
 
-echo "# $(basename "$dataset"), $replicas replicas x $blocks KV blocks, concurrency $conc, session header: $header; $(uptime)"
+dataset_args=(--dataset "$dataset")
+[ "$dataset" = standard ] && dataset_args=()
+[ -n "${TRAJECTORIES:-}" ] && dataset_args+=(--num-trajectories "$TRAJECTORIES")
+rows="$work/rows.tsv"
+: >"$rows"
+
+echo "# $(basename "$dataset")${TRAJECTORIES:+ ($TRAJECTORIES trajectories)}, $replicas replicas x $blocks KV blocks, concurrency $conc, session header: $header, time scale $scale, $runs run(s); $(uptime)"
 printf '%-28s %6s %9s %9s %9s %9s %9s %9s  %-24s %s\n' router hit ttft_mean ttft_p90 cli_p50 cli_p90 sys_tps slow_tps per_replica failures
+for _ in $(seq "$runs"); do
 for router in $routers; do
     kind="${router%%:*}"
     policy="${router#*:}"
-    "$bin" --log-format json sim --replicas "$replicas" --listen 127.0.0.1:0 --time-scale 0.02 \
+    "$bin" --log-format json sim --replicas "$replicas" --listen 127.0.0.1:0 --time-scale "$scale" \
         --num-gpu-blocks "$blocks" >"$work/sim.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 600); do
@@ -47,10 +62,12 @@ for router in $routers; do
     port="$(free_port)"
     case "$kind" in
         agentrace)
-            backends=()
-            for u in "${urls[@]}"; do backends+=(--backend "$u"); done
-            "$bin" proxy --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 --policy "$policy" \
-                "${backends[@]}" >"$work/router.log" 2>&1 &
+            # Backends named host:port, as `--backend URL` names them, after AGENTRACE_CONFIG.
+            { [ -n "${AGENTRACE_CONFIG:-}" ] && cat "$AGENTRACE_CONFIG"
+              for a in "${addrs[@]}"; do printf '[[backends]]\nname = "%s"\nurl = "http://%s"\n' "$a" "$a"; done
+            } >"$work/proxy.toml"
+            "$bin" proxy -c "$work/proxy.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \
+                --policy "$policy" >"$work/router.log" 2>&1 &
             ;;
         smg)
             "$venv/bin/smg" launch --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
@@ -63,18 +80,31 @@ for router in $routers; do
             ;;
     esac
     pids+=($!)
-    wait_http "http://127.0.0.1:$port/v1/models"
+    (wait_http "http://127.0.0.1:$port/v1/models") || { cat "$work/router.log" >&2; exit 1; }
     out="$work/$kind-$policy"
-    routing=()
+    rm -rf "$out"
+    # Without a header the replayer's default (X-Session-ID) must be emptied by a config.
+    printf 'routing_headers = []\n' >"$work/no-header.toml"
+    routing=(--config "$work/no-header.toml")
     [ "$header" = 1 ] && routing=(--routing-header x-session-id)
     status=0
-    "$bin" replay --target "http://127.0.0.1:$port" --dataset "$dataset" --model-name "$model" \
-        --concurrency "$conc" --delays false --time-scale 0.02 "${routing[@]}" --no-progress \
+    "$bin" replay --target "http://127.0.0.1:$port" "${dataset_args[@]}" --model-name "$model" \
+        --concurrency "$conc" --delays false --time-scale "$scale" "${routing[@]}" --no-progress \
         --out "$out" >"$work/replay.log" 2>&1 || { status=$?; tail -3 "$work/replay.log" >&2; }
     for u in "${urls[@]}"; do curl -fs "$u/metrics"; echo "# end"; done >"$work/metrics.txt"
-    python3 - "$out/result_summary.json" "$work/metrics.txt" "$kind:$policy" "$status" <<'PY'
+    # agentrace's own account of its decisions (hash, placed, spill, ...), after the failures.
+    : >"$work/decisions.txt"
+    if [ "$kind" = agentrace ]; then
+        admin="$(grep -o 'admin [0-9.:]*' "$work/router.log" | cut -d' ' -f2)"
+        curl -fs "http://$admin/metrics" | grep '^agentrace_affinity_decisions_total' >"$work/decisions.txt" || true
+    fi
+    python3 - "$out/result_summary.json" "$work/metrics.txt" "$kind:$policy" "$status" "$rows" "$work/decisions.txt" <<'PY'
 import json, re, sys
-summary, metrics, name, status = sys.argv[1:]
+summary, metrics, name, status, rows, decisions = sys.argv[1:]
+outcomes = {}
+for line in open(decisions):
+    o = re.search(r'outcome="([^"]+)"', line).group(1)
+    outcomes[o] = outcomes.get(o, 0) + int(float(line.rsplit(" ", 1)[1]))
 hits = queries = 0.0
 per, buckets, tsum, tcount = [], {}, 0.0, 0.0
 for block in open(metrics).read().split("# end"):
@@ -109,8 +139,33 @@ try:
     failures = s["n_samples_failed"]
 except Exception as e:
     cli, tps, slow, failures = (float("nan"),) * 2, float("nan"), float("nan"), f"replay exit {status}: {e}"
-print(f"{name:<28} {hits / max(queries, 1):6.3f} {1000 * tsum / max(tcount, 1):7.0f}ms {1000 * p90:7.0f}ms "
-      f"{cli[0]:7.0f}ms {cli[1]:7.0f}ms {tps:9.1f} {slow:9.1f}  {'/'.join(map(str, per)):<24} {failures}")
+hit, mean = hits / max(queries, 1), 1000 * tsum / max(tcount, 1)
+print(f"{name:<28} {hit:6.3f} {mean:7.0f}ms {1000 * p90:7.0f}ms "
+      f"{cli[0]:7.0f}ms {cli[1]:7.0f}ms {tps:9.1f} {slow:9.1f}  {'/'.join(map(str, per)):<24} {failures}"
+      + "".join(f" {o}={n}" for o, n in sorted(outcomes.items())))
+with open(rows, "a") as f:
+    f.write(f"{name}\t{hit}\t{mean}\t{1000 * p90}\t{tps}\t{slow}\n")
 PY
     stop_all
 done
+done
+[ "$runs" -gt 1 ] || exit 0
+# Median and worst run per router: the lowest hit rate and tokens/s, the highest TTFT.
+python3 - "$rows" <<'PY'
+import statistics, sys
+by = {}
+for line in open(sys.argv[1]):
+    name, *v = line.rstrip("\n").split("\t")
+    by.setdefault(name, []).append([float(x) for x in v])
+print(f"\n{'median|worst of ' + str(len(next(iter(by.values())))) + ' runs':<28}"
+      f" {'hit':>13} {'ttft_mean':>17} {'ttft_p90':>17} {'sys_tps':>17} {'slow_tps':>15}")
+for name, runs in by.items():
+    cols = list(zip(*runs))
+    cell = []
+    for i, (width, worst) in enumerate([(6, min), (8, max), (8, max), (8, min), (7, min)]):
+        fmt = (lambda x: f"{x:.3f}") if i == 0 else (lambda x: f"{x:.0f}")
+        unit = "ms" if i in (1, 2) else ""
+        med, bad = fmt(statistics.median(cols[i])) + unit, fmt(worst(cols[i])) + unit
+        cell.append(f"{med:>{width}}|{bad:<{width}}")
+    print(f"{name:<28} " + " ".join(cell))
+PY
