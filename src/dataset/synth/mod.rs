@@ -5,7 +5,7 @@
 //! for every distribution and its basis) with a longer context tail; workflow traces share one
 //! long system prompt (an intent catalogue) and one tool set, so most request tokens are a
 //! prefix shared across conversations. The generator draws from the crate's own
-//! [`Rng`](crate::random::Rng) so the bytes depend only on the seed and this crate, never on a
+//! [`Rng`] so the bytes depend only on the seed and this crate, never on a
 //! dependency's sampling algorithms.
 //!
 //! `rows` is what a line holds, `coding` and `workflow` the two
