@@ -76,7 +76,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::telemetry::report(&e));
             ExitCode::FAILURE
         }
     }

@@ -30,14 +30,66 @@ pub fn init(format: LogFormat, default_level: &str) {
     };
 }
 
-/// The message of an error followed by its causes, for logs and error events.
+/// The message of an error followed by its causes, for logs and error events. A cause whose
+/// text already ends the message is not repeated: many errors put their source in their own
+/// message and return it as their `source()` too, and printing both doubled the cause.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let cause = s.to_string();
+        if !out.ends_with(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
         source = s.source();
     }
     out
+}
+
+/// [`error_chain`] of an error at the edge of the program.
+pub fn report(e: &anyhow::Error) -> String {
+    error_chain(e.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on 127.0.0.1:1: {source}")]
+    struct Bind {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("config file x.toml")]
+    struct Read {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        let e = Bind {
+            source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use"),
+        };
+        assert_eq!(
+            error_chain(&e),
+            "cannot listen on 127.0.0.1:1: Address already in use"
+        );
+        let wrapped = anyhow::Error::new(e).context("cannot start the simulator");
+        assert_eq!(
+            report(&wrapped),
+            "cannot start the simulator: cannot listen on 127.0.0.1:1: Address already in use"
+        );
+    }
+
+    #[test]
+    fn a_cause_not_in_the_message_is_appended() {
+        let e = Read {
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "No such file"),
+        };
+        assert_eq!(error_chain(&e), "config file x.toml: No such file");
+    }
 }

@@ -222,9 +222,6 @@ pub struct RecorderStats {
 /// Why the recorder could not start, or a capture could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    /// Recording is not available in this build.
-    #[error("capture is not available yet")]
-    Unavailable,
     /// The `[capture]` section is invalid.
     #[error("{0}")]
     Config(String),

@@ -46,7 +46,7 @@ pub async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
     let config = match config_of(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::telemetry::report(&e));
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
@@ -81,7 +81,7 @@ fn reload(args: &EppArgs, handle: &super::EppHandle) {
     match result {
         Ok(()) => tracing::info!(endpoints = ?handle.endpoints(), "configuration reloaded"),
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "configuration reload refused; keeping the running configuration")
+            tracing::error!(error = %crate::telemetry::report(&e), "configuration reload refused; keeping the running configuration")
         }
     }
 }

@@ -98,7 +98,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let config = match effective_config(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::telemetry::report(&e));
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
@@ -136,7 +136,7 @@ fn reload(args: &ProxyArgs, handle: &super::ProxyHandle) {
         Ok(c) => c,
         Err(e) => {
             handle.note_refused_reload();
-            tracing::error!(error = %format!("{e:#}"), "configuration reload refused; keeping the running configuration");
+            tracing::error!(error = %crate::telemetry::report(&e), "configuration reload refused; keeping the running configuration");
             return;
         }
     };

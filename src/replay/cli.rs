@@ -221,7 +221,7 @@ fn prepare(flags: &RunFlags, concurrency: Option<usize>) -> Result<ReplayConfig,
     let config = match resolve(flags, concurrency) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::telemetry::report(&e));
             return Err(ExitCode::from(EXIT_CONFIG));
         }
     };

@@ -147,7 +147,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", crate::telemetry::report(&e));
             return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
         }
     };
