@@ -290,6 +290,14 @@ pub enum ConfigError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The file `admin.token_file` names could not be read.
+    #[error("admin.token_file: cannot read {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The TOML is malformed or has unknown or mistyped fields.
     #[error("{origin}: {message}")]
     Parse {
@@ -415,7 +423,7 @@ impl ProxyConfig {
         let Some(path) = self.admin.token_file.take() else {
             return Ok(());
         };
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::TokenFile {
             path: path.clone(),
             source,
         })?;
@@ -944,7 +952,10 @@ mod tests {
         ))
         .unwrap();
         let e = missing.resolve_token_file().unwrap_err().to_string();
-        assert!(e.contains("/nonexistent/admin-token"), "{e}");
+        assert!(
+            e.starts_with("admin.token_file: cannot read /nonexistent/admin-token"),
+            "{e}"
+        );
     }
 
     #[test]
