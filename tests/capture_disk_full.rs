@@ -17,7 +17,7 @@ use std::process::Stdio;
 use agentrace::capture::reader;
 use support::backends::TestBackend;
 use support::capture::{client, post, Client};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncReadExt;
 use tokio::time::{Duration, Instant};
 
 const FILE_SIZE_LIMIT: u64 = 64 * 1024;
@@ -44,7 +44,6 @@ async fn full_disk_counts_only_records_that_reached_it_and_leaves_no_empty_segme
     command
         .args(["proxy", "--config"])
         .arg(&config)
-        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: between fork and exec the closure calls only `setrlimit` and `signal`, both
     // async-signal-safe, and touches no memory of the parent.
@@ -63,28 +62,15 @@ async fn full_disk_counts_only_records_that_reached_it_and_leaves_no_empty_segme
             Ok(())
         });
     }
-    let mut child = tokio::process::Command::from(command)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
+    let mut proxy =
+        support::proxy_process::ProxyProcess::start(tokio::process::Command::from(command)).await;
+    let mut stderr = proxy.child.stderr.take().unwrap();
     let log = tokio::spawn(async move {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text).await;
         text
     });
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let (addr, admin) = loop {
-        let line = lines
-            .next_line()
-            .await
-            .unwrap()
-            .expect("proxy exited before listening");
-        if let Some(rest) = line.strip_prefix("agentrace proxy listening on ") {
-            let (addr, admin) = rest.split_once(" (admin ").unwrap();
-            break (addr.to_owned(), admin.trim_end_matches(')').to_owned());
-        }
-    };
+    let (addr, admin) = (proxy.addr.clone(), proxy.admin.clone());
     let url = format!("http://{addr}/v1/chat/completions");
     let metrics_url = format!("http://{admin}/metrics");
     let client = client();
@@ -159,9 +145,9 @@ async fn full_disk_counts_only_records_that_reached_it_and_leaves_no_empty_segme
     // A clean shutdown ends the open segment's frame and loses nothing more.
     // SAFETY: signals a child this test started and still owns.
     unsafe {
-        libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGTERM);
+        libc::kill(proxy.pid as libc::pid_t, libc::SIGTERM);
     }
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(30), proxy.child.wait())
         .await
         .expect("proxy did not exit")
         .unwrap();

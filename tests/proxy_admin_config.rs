@@ -419,32 +419,18 @@ struct Child {
 }
 
 async fn spawn_proxy(args: &[&std::ffi::OsStr]) -> Child {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
-        .arg("--log-format")
-        .arg("json")
-        .arg("proxy")
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"));
+    command
+        .args(["--log-format", "json", "proxy"])
         .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), stdout.next_line())
-        .await
-        .expect("proxy announced its addresses")
-        .unwrap()
-        .unwrap();
-    // "agentrace proxy listening on 127.0.0.1:P (admin 127.0.0.1:Q)"
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let addr = words[4].to_string();
-    let admin = words[6].trim_end_matches(')').to_string();
-    let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+        .stderr(Stdio::piped());
+    let mut proxy = support::proxy_process::ProxyProcess::start(command).await;
+    let stderr = BufReader::new(proxy.child.stderr.take().unwrap()).lines();
     Child {
-        child,
+        child: proxy.child,
         stderr,
-        addr,
-        admin,
+        addr: proxy.addr,
+        admin: proxy.admin,
     }
 }
 

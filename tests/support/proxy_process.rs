@@ -21,7 +21,8 @@ impl ProxyProcess {
     /// Starts `agentrace proxy --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 ARGS` and
     /// waits (up to 30 s) for its announcement.
     pub async fn spawn(args: &[&str]) -> ProxyProcess {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"));
+        command
             .args([
                 "proxy",
                 "--listen",
@@ -29,7 +30,14 @@ impl ProxyProcess {
                 "--admin-listen",
                 "127.0.0.1:0",
             ])
-            .args(args)
+            .args(args);
+        ProxyProcess::start(command).await
+    }
+
+    /// Starts `command` (the binary with its arguments, set up as the test needs: flags
+    /// before `proxy`, piped stderr, limits) and waits (up to 30 s) for its announcement.
+    pub async fn start(mut command: tokio::process::Command) -> ProxyProcess {
+        let mut child = command
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
