@@ -380,3 +380,22 @@ async fn a_forwarded_body_leaves_the_process_memory_at_once() {
         BODY / (1024 * KIB)
     );
 }
+
+/// The binary holds bodies in small pages: with transparent huge pages the first byte read
+/// into a part made the kernel zero 2 MiB at once on the worker serving every other
+/// connection, and freed memory went back only in 2 MiB pieces.
+#[tokio::test]
+async fn the_proxy_process_opts_out_of_transparent_huge_pages() {
+    use support::proxy_process::ProxyProcess;
+    let backend = TestBackend::spawn("a").await;
+    let proxy = ProxyProcess::spawn(&["--backend", &backend.url()]).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.pid)).unwrap();
+    let Some(thp) = status.lines().find_map(|l| l.strip_prefix("THP_enabled:")) else {
+        support::skip(
+            "the_proxy_process_opts_out_of_transparent_huge_pages",
+            "this kernel's /proc/PID/status has no THP_enabled line",
+        );
+        return;
+    };
+    assert_eq!(thp.trim(), "0", "THP_enabled of the proxy process");
+}

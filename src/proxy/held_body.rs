@@ -16,17 +16,32 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
 use super::budget::BodyCharge;
+use super::routing::{Turn, TurnScan};
 
 /// The first part's capacity: a whole ordinary chat request.
 const FIRST_PART: usize = 64 * 1024;
 /// The largest part: parts double up to this, so a large body takes few parts.
 const LARGEST_PART: usize = 1024 * 1024;
+/// Bodies from this size are freed on a blocking thread: handing tens of MiB back to the
+/// system takes milliseconds that every other connection on the worker would wait.
+const FREE_ASIDE: usize = 4 * 1024 * 1024;
+
+/// Frees `body` of `len` bytes, on a blocking thread when it is large; the handle of that
+/// thread's task, if any, ends once the memory is freed.
+fn free<T: Send + 'static>(body: T, len: usize) -> Option<tokio::task::JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if len >= FREE_ASIDE => Some(runtime.spawn_blocking(move || drop(body))),
+        _ => None,
+    }
+}
 
 /// A whole request body as the parts it was received in.
 #[derive(Clone, Debug, Default)]
 pub struct HeldBody {
     parts: VecDeque<Bytes>,
     len: usize,
+    /// The turn, when it was read as the body arrived.
+    turn: Option<Turn>,
 }
 
 impl HeldBody {
@@ -43,6 +58,22 @@ impl HeldBody {
     /// The parts, in order.
     pub fn parts(&self) -> impl ExactSizeIterator<Item = &Bytes> {
         self.parts.iter()
+    }
+
+    /// What the body says about its turn: read as it arrived when it came in parts, so a
+    /// large body costs no long pass on the worker once it is whole.
+    pub fn turn(&self) -> Turn {
+        self.turn
+            .unwrap_or_else(|| Turn::of_parts(self.parts.iter().map(|p| &p[..])))
+    }
+
+    /// Lets the body go (see [`free`]) and returns once its memory is freed, so the budget
+    /// charge that covers it is let go only after the memory.
+    pub async fn release(self) {
+        let len = self.len;
+        if let Some(freed) = free(self, len) {
+            let _ = freed.await;
+        }
     }
 
     /// The body in one piece when it arrived in one part (the usual case: no copy).
@@ -79,7 +110,11 @@ impl From<Bytes> for HeldBody {
         } else {
             VecDeque::from([bytes])
         };
-        Self { parts, len }
+        Self {
+            parts,
+            len,
+            turn: None,
+        }
     }
 }
 
@@ -118,6 +153,8 @@ pub struct BodyParts {
     /// The most bytes the body may have (its declared length, or else the body limit): no
     /// part is made larger than what may still come, so a body never allocates past it.
     most: usize,
+    /// The turn of the sealed parts' bytes.
+    scan: TurnScan,
 }
 
 impl BodyParts {
@@ -166,13 +203,30 @@ impl BodyParts {
             return false;
         }
         self.seal();
+        self.scan.feed(&bytes);
         self.add_part(bytes);
         true
+    }
+
+    /// The body once `read` has gathered it all, or `read`'s error with the bytes gathered
+    /// so far let go (see [`free`]).
+    pub fn finish_after<E>(self, read: Result<(), E>) -> Result<HeldBody, E> {
+        match read {
+            Ok(()) => Ok(self.finish()),
+            Err(e) => {
+                // Not awaited: a refused upload's room must reach the uploads still arriving
+                // before they too ask for a part, or one refusal leads to the next.
+                let len = self.gathered();
+                drop(free(self, len));
+                Err(e)
+            }
+        }
     }
 
     /// The body, whole.
     pub fn finish(mut self) -> HeldBody {
         self.seal();
+        self.body.turn = Some(self.scan.turn());
         self.body
     }
 
@@ -191,6 +245,7 @@ impl BodyParts {
     }
 
     fn seal(&mut self) {
+        self.scan.feed(&self.filling);
         if !self.filling.is_empty() {
             let part = std::mem::take(&mut self.filling).freeze();
             self.add_part(part);
@@ -275,5 +330,30 @@ mod tests {
         let mut none = budget.charge();
         assert_eq!(small.contiguous(&mut none).as_deref(), Some(&b"{}"[..]));
         assert_eq!(none.bytes(), 0, "one part is borrowed, not copied");
+    }
+
+    #[test]
+    fn the_turn_read_while_a_body_arrives_equals_the_turn_of_the_whole_body() {
+        let budget = BodyBudget::new(u64::MAX);
+        let mut pad = vec![b' '; 3 * LARGEST_PART];
+        let at = 2 * LARGEST_PART - 4;
+        let later = br#""role":"assistant""#;
+        pad[at..at + later.len()].copy_from_slice(later);
+        for body in [&pad[..], &pad[..at]] {
+            let whole = Turn::of_body(body);
+            for read in [1_000, 65_536, 700_001] {
+                let mut charge = budget.charge();
+                let mut parts = BodyParts::new(body.len());
+                let (head, rest) = body.split_at(read.min(body.len()));
+                assert!(parts.push_bytes(Bytes::copy_from_slice(head), &mut charge));
+                for piece in rest.chunks(read) {
+                    assert!(parts.push(piece, &mut charge));
+                }
+                let held = parts.finish();
+                assert_eq!(held.turn, Some(whole), "reads of {read}");
+                assert_eq!(held.turn(), whole);
+            }
+        }
+        assert!(Turn::of_body(&pad).continues && !Turn::of_body(&pad[..at]).continues);
     }
 }

@@ -464,12 +464,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                     self.send_continue(deadline).await?;
                 }
                 // Read straight into the parts, which never hold more than was declared.
-                while parts.gathered() < n {
-                    let room = parts.room(charge).ok_or(BodyError::OverBudget)?;
-                    read_body_into(&mut self.io, room, self.limits.body, deadline).await?;
-                    yield_to_other_connections().await;
-                }
-                Ok(parts.finish())
+                let gathered = async {
+                    while parts.gathered() < n {
+                        let room = parts.room(charge).ok_or(BodyError::OverBudget)?;
+                        read_body_into(&mut self.io, room, self.limits.body, deadline).await?;
+                        yield_to_other_connections().await;
+                    }
+                    Ok(())
+                };
+                let gathered = gathered.await;
+                parts.finish_after(gathered)
             }
             Framing::Chunked => {
                 if expects_continue && self.buf.is_empty() {
@@ -477,28 +481,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 }
                 let mut decoder = BodyDecoder::new(Framing::Chunked);
                 let mut parts = BodyParts::new(usize::try_from(limit).unwrap_or(usize::MAX));
-                loop {
+                let gathered = async {
                     loop {
-                        match decoder
-                            .decode(&mut self.buf, false)
-                            .map_err(BodyError::Malformed)?
-                        {
-                            Decoded::Data(d) => {
-                                if (parts.gathered() + d.len()) as u64 > limit {
-                                    return Err(BodyError::TooLarge);
+                        loop {
+                            match decoder
+                                .decode(&mut self.buf, false)
+                                .map_err(BodyError::Malformed)?
+                            {
+                                Decoded::Data(d) => {
+                                    if (parts.gathered() + d.len()) as u64 > limit {
+                                        return Err(BodyError::TooLarge);
+                                    }
+                                    if !parts.push(&d, charge) {
+                                        return Err(BodyError::OverBudget);
+                                    }
                                 }
-                                if !parts.push(&d, charge) {
-                                    return Err(BodyError::OverBudget);
-                                }
+                                Decoded::NeedMore => break,
+                                Decoded::Done => return Ok(()),
                             }
-                            Decoded::NeedMore => break,
-                            Decoded::Done => return Ok(parts.finish()),
                         }
+                        h1::reserve_read(&mut self.buf);
+                        read_body_into(&mut self.io, &mut self.buf, self.limits.body, deadline)
+                            .await?;
+                        yield_to_other_connections().await;
                     }
-                    h1::reserve_read(&mut self.buf);
-                    read_body_into(&mut self.io, &mut self.buf, self.limits.body, deadline).await?;
-                    yield_to_other_connections().await;
-                }
+                };
+                let gathered = gathered.await;
+                parts.finish_after(gathered)
             }
         }
     }

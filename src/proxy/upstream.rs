@@ -402,7 +402,22 @@ async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Op
 /// the recorder watch it.
 pub async fn forward(
     inner: &Arc<Inner>,
+    mut req: ClientRequest,
+    client: &ClientConn,
+    started: Started,
+) -> Answer {
+    let body = std::mem::take(&mut req.body);
+    let answer = forward_held(inner, req, &body, client, started).await;
+    body.release().await;
+    answer
+}
+
+/// [`forward`] with the body borrowed, so that it is released once the request is done
+/// without holding up the worker.
+async fn forward_held(
+    inner: &Arc<Inner>,
     req: ClientRequest,
+    body: &HeldBody,
     client: &ClientConn,
     started: Started,
 ) -> Answer {
@@ -411,18 +426,18 @@ pub async fn forward(
         method,
         uri,
         headers,
-        body,
+        ..
     } = req;
     let pool = inner.router.pool();
     let path_and_query = uri
         .path_and_query()
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let turn = Turn::of_parts(body.parts().map(|p| &p[..]));
+    let turn = body.turn();
     let key = match header_key(&headers, &pool.affinity.headers, turn) {
         Some(key) => Some(key),
         None if fingerprint_applies(pool.affinity.fingerprint, &method, path_and_query.path()) => {
-            body_fingerprint(inner, &body, turn).await
+            body_fingerprint(inner, body, turn).await
         }
         None => None,
     };
@@ -443,7 +458,7 @@ pub async fn forward(
             &method,
             recorded_headers.as_ref(),
             &path_and_query,
-            &body,
+            body,
         )
     };
 
@@ -471,7 +486,7 @@ pub async fn forward(
             method: &method,
             path_and_query: &path_and_query,
             headers: &headers,
-            body: &body,
+            body,
             declare_length,
         };
         let attempt = Counted {

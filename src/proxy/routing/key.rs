@@ -40,31 +40,52 @@ impl Turn {
 
     /// The turn a body held in parts carries, read without joining the parts.
     pub fn of_parts<'p>(parts: impl IntoIterator<Item = &'p [u8]>) -> Self {
-        // Only a JSON string that is exactly `assistant` has both quotes unescaped.
-        const NEEDLE: &[u8] = b"\"assistant\"";
-        const KEEP: usize = NEEDLE.len() - 1;
-        let finder = memchr::memmem::Finder::new(NEEDLE);
-        let mut turn = Self::default();
-        // The last bytes before the current part, so a needle cut across parts is found.
-        let mut seam: Vec<u8> = Vec::with_capacity(2 * KEEP);
-        for part in parts {
-            turn.context_bytes += part.len() as u64;
-            if turn.continues {
-                continue;
-            }
-            seam.extend_from_slice(&part[..part.len().min(KEEP)]);
-            if finder.find(&seam).is_some() || finder.find(part).is_some() {
-                turn.continues = true;
-                continue;
-            }
-            if part.len() >= KEEP {
-                seam.clear();
-                seam.extend_from_slice(&part[part.len() - KEEP..]);
-            } else {
-                seam.drain(..seam.len().saturating_sub(KEEP));
-            }
+        let mut scan = TurnScan::default();
+        parts.into_iter().for_each(|part| scan.feed(part));
+        scan.turn()
+    }
+}
+
+/// Reads the turn of a body from its bytes in pieces of any size, as they arrive: a large
+/// body is read once while it is received rather than in one long pass once it is whole.
+#[derive(Debug, Clone, Default)]
+pub struct TurnScan {
+    turn: Turn,
+    /// The last bytes before the next piece, so a needle cut across pieces is found.
+    seam: Vec<u8>,
+}
+
+impl TurnScan {
+    /// Only a JSON string that is exactly `assistant` has both quotes unescaped.
+    const NEEDLE: &'static [u8] = b"\"assistant\"";
+    const KEEP: usize = Self::NEEDLE.len() - 1;
+
+    /// Reads the next bytes of the body.
+    pub fn feed(&mut self, part: &[u8]) {
+        self.turn.context_bytes += part.len() as u64;
+        if self.turn.continues {
+            return;
         }
-        turn
+        let keep = Self::KEEP;
+        self.seam.extend_from_slice(&part[..part.len().min(keep)]);
+        if memchr::memmem::find(&self.seam, Self::NEEDLE).is_some()
+            || memchr::memmem::find(part, Self::NEEDLE).is_some()
+        {
+            self.turn.continues = true;
+            self.seam = Vec::new();
+            return;
+        }
+        if part.len() >= keep {
+            self.seam.clear();
+            self.seam.extend_from_slice(&part[part.len() - keep..]);
+        } else {
+            self.seam.drain(..self.seam.len().saturating_sub(keep));
+        }
+    }
+
+    /// The turn of the bytes read so far.
+    pub fn turn(&self) -> Turn {
+        self.turn
     }
 }
 

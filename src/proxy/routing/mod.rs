@@ -37,7 +37,7 @@ use super::metrics::BackendMetrics;
 pub use hash::{hash64, rendezvous_score};
 pub use key::{
     conversation_fingerprint, fingerprint_applies, fingerprint_key, header_key, session_key,
-    SessionKey, Turn,
+    SessionKey, Turn, TurnScan,
 };
 pub use table::{SessionId, SessionTable, SessionView};
 
