@@ -14,12 +14,13 @@ use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 
 use super::config::HealthConfig;
-use super::fields::{Forwarded, WireFields};
+use super::fields::Forwarded;
 use super::held_body::HeldBody;
 use super::metrics::ErrorKind;
 use super::pool::{UpstreamRequest, WorkerPool};
 use super::routing::{Backend, HealthCounters};
 use super::Inner;
+use crate::http1::WireFields;
 use crate::shutdown::Shutdown;
 
 /// Probes every backend of the current pool each interval until `stop` fires.

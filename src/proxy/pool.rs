@@ -27,9 +27,9 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::BackendUrl;
-use super::fields::{Fields, Forwarded, WireFields};
-use super::h1::{self, BodyDecoder, Decoded, H1Error};
+use super::fields::Forwarded;
 use super::held_body::HeldBody;
+use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, WireFields};
 use crate::http_body::BoxError;
 
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
@@ -218,7 +218,7 @@ impl H1Conn {
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        h1::read_some(&mut self.io, &mut self.buf).await
+        http1::read_some(&mut self.io, &mut self.buf).await
     }
 }
 
@@ -347,7 +347,7 @@ impl WorkerPool {
     ) -> Result<UpstreamResponse, PoolError> {
         conn.out.clear();
         let length = req.declare_length.then_some(req.body.len() as u64);
-        h1::put_request_head(
+        http1::put_request_head(
             &mut conn.out,
             req.method,
             &[&backend.base_path, req.path_and_query.as_str()],
@@ -374,7 +374,7 @@ impl WorkerPool {
         let mut received = false;
         let mut interim = 0;
         let head = loop {
-            match h1::parse_response(&mut conn.buf, head_request) {
+            match http1::parse_response(&mut conn.buf, head_request) {
                 Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
                     return Err(PoolError::bad_response(
                         "the backend switched protocols, which the proxy does not forward",
@@ -411,7 +411,7 @@ impl WorkerPool {
             conn: Some(conn),
             decoder: BodyDecoder::new(head.framing),
             reusable: head.keep_alive,
-            streamed: head.framing == h1::Framing::Chunked,
+            streamed: head.framing == http1::Framing::Chunked,
             eof: false,
             home: Some((key.clone(), self.clone())),
         };
@@ -759,7 +759,7 @@ impl H1Body {
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
             }
-            h1::reserve_read(&mut conn.buf);
+            http1::reserve_read(&mut conn.buf);
             match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => self.eof = true,
