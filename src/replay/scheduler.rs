@@ -427,7 +427,9 @@ async fn run_trajectory(
                         },
                         Ok(Err(e)) => Outcome::Failed {
                             kind: match e {
-                                ClientError::TooLarge { .. } => TurnKind::BadResponse,
+                                ClientError::TooLarge { .. }
+                                | ClientError::Protocol(_)
+                                | ClientError::SwitchedProtocols => TurnKind::BadResponse,
                                 _ => TurnKind::Transport,
                             },
                             error_type: "error".into(),
