@@ -6,7 +6,7 @@ use http::header::{HeaderName, HeaderValue};
 
 use crate::http1::fields::{is_hop_by_hop, is_tchar, quoted_len, Fields, WireFields};
 
-/// The lengths of the hop-by-hop names, as [`Forwarded`]'s length filter holds them.
+/// The lengths of the hop-by-hop names, as [`OutboundFields`]' length filter holds them.
 const HOP_BY_HOP_LENGTHS: u64 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
 
 fn length_bit(name: &[u8]) -> u64 {
@@ -66,7 +66,7 @@ pub(crate) fn is_forwarded_list(value: &[u8]) -> bool {
 /// kept apart and merged as the head is written, so no field is removed from or added to a
 /// map on the way.
 #[derive(Debug)]
-pub struct Forwarded {
+pub struct OutboundFields {
     received: WireFields,
     /// Received names (lower-case) the proxy sets from elsewhere.
     replaced: &'static [&'static str],
@@ -78,7 +78,7 @@ pub struct Forwarded {
     dropped_lengths: u64,
 }
 
-impl Forwarded {
+impl OutboundFields {
     /// `received`, to be passed on without hop-by-hop fields or those named in `replaced`,
     /// then `added`.
     pub fn new(
@@ -126,7 +126,7 @@ impl Forwarded {
     }
 }
 
-impl Fields for Forwarded {
+impl Fields for OutboundFields {
     /// The received fields that are kept, then the proxy's.
     fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         let kept = self.received.pairs().filter(|(name, _)| self.keeps(name));
@@ -166,7 +166,7 @@ mod tests {
         h.insert("x-session-id", "s1".parse().unwrap());
         // As long as "connection": the length alone must not decide.
         h.insert("user-agent", "agent/1".parse().unwrap());
-        let out = Forwarded::new(
+        let out = OutboundFields::new(
             WireFields::from_map(&h),
             &["content-length"],
             vec![(

@@ -200,7 +200,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     opened: Instant,
 ) {
     let limits = inner.client_limits;
-    let mut conn = Conn {
+    let mut conn = Downstream {
         io,
         buf,
         out: Vec::with_capacity(4096),
@@ -240,7 +240,7 @@ enum BodyError {
     TimedOut,
 }
 
-struct Conn<S> {
+struct Downstream<S> {
     io: S,
     /// Bytes read and not yet parsed (the rest of a request, or the next pipelined one).
     buf: BytesMut,
@@ -255,7 +255,7 @@ struct Conn<S> {
     shut: bool,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
     async fn read_more(&mut self) -> std::io::Result<usize> {
         http1::read_some(&mut self.io, &mut self.buf).await
     }

@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::config::UpstreamConfig;
-use super::fields::{self, Forwarded};
+use super::fields::{self, OutboundFields};
 use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
@@ -139,7 +139,7 @@ pub struct Answer {
     /// Status.
     pub status: StatusCode,
     /// The fields to send.
-    pub headers: Forwarded,
+    pub headers: OutboundFields,
     /// The body.
     pub body: ProxyBody,
 }
@@ -163,7 +163,7 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     ]);
     Answer {
         status,
-        headers: Forwarded::new(headers, &[], Vec::new()),
+        headers: OutboundFields::new(headers, &[], Vec::new()),
         body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
     }
 }
@@ -487,7 +487,7 @@ pub async fn forward(
             }
             (Err(e), _) => {
                 let kind = match e {
-                    PoolError::Connect(_) => ErrorKind::Connect,
+                    PoolError::Connect { .. } => ErrorKind::Connect,
                     _ => ErrorKind::Send,
                 };
                 let cause = crate::telemetry::error_chain(&e);
@@ -530,7 +530,7 @@ pub async fn forward(
     backend.metrics.request(status);
     let named = backend.name_header.iter();
     let added = named.map(|v| (X_AGENTRACE_BACKEND, v.clone())).collect();
-    let headers = Forwarded::new(headers, &[], added);
+    let headers = OutboundFields::new(headers, &[], added);
     let declared_length = headers.has("content-length");
     // An error event can be appended only to a stream without a declared length.
     let sse = !declared_length
@@ -594,7 +594,7 @@ pub async fn forward(
 /// Why a failed request is sent again, as the retry counter labels it.
 fn retry_reason(e: &PoolError) -> RetryReason {
     match e {
-        PoolError::Connect(_) => RetryReason::Connect,
+        PoolError::Connect { .. } => RetryReason::Connect,
         PoolError::NotSent(_) => RetryReason::NotSent,
         _ => RetryReason::AfterSend,
     }
@@ -690,9 +690,9 @@ fn exchange_start(
 const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
+fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> OutboundFields {
     let added = proxy_fields(&h, uri, client);
-    Forwarded::new(h, REQUEST_REPLACED, added)
+    OutboundFields::new(h, REQUEST_REPLACED, added)
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.

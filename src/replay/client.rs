@@ -110,8 +110,9 @@ impl Target {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+/// A connection's byte stream to the target: TCP, or TLS over it.
+trait TargetStream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> TargetStream for T {}
 
 /// Opens connections to one target; shared by every slot of a run.
 #[derive(Clone)]
@@ -133,7 +134,7 @@ impl std::fmt::Debug for Connector {
 
 impl Connector {
     /// A connector; `api_key` goes into every request's `Authorization` header; a response
-    /// past `max_response_bytes` fails (see [`Conn::exchange`]).
+    /// past `max_response_bytes` fails (see [`TargetConnection::exchange`]).
     pub fn new(
         target: Target,
         api_key: Option<&str>,
@@ -197,7 +198,7 @@ impl Connector {
     }
 
     /// Opens a new connection.
-    pub async fn connect(&self) -> Result<Conn, ClientError> {
+    pub async fn connect(&self) -> Result<TargetConnection, ClientError> {
         let addr = format!("{}:{}", self.target.host, self.target.port);
         let fail = |message: String| ClientError::Connect {
             addr: addr.clone(),
@@ -211,7 +212,7 @@ impl Connector {
         .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
         .map_err(|e| fail(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let io: Box<dyn Io> = match &self.tls {
+        let io: Box<dyn TargetStream> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
                 let name = rustls::pki_types::ServerName::try_from(self.target.host.clone())
@@ -223,7 +224,7 @@ impl Connector {
                 )
             }
         };
-        Ok(Conn {
+        Ok(TargetConnection {
             io,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
@@ -234,8 +235,8 @@ impl Connector {
 }
 
 /// One keep-alive connection, owned by one slot.
-pub struct Conn {
-    io: Box<dyn Io>,
+pub struct TargetConnection {
+    io: Box<dyn TargetStream>,
     buf: BytesMut,
     last_used: Instant,
     /// Responses read whole on this connection.
@@ -243,9 +244,9 @@ pub struct Conn {
     max_response_bytes: usize,
 }
 
-impl std::fmt::Debug for Conn {
+impl std::fmt::Debug for TargetConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").finish_non_exhaustive()
+        f.debug_struct("TargetConnection").finish_non_exhaustive()
     }
 }
 
@@ -279,7 +280,7 @@ pub struct Response {
     pub reusable: bool,
 }
 
-impl Conn {
+impl TargetConnection {
     /// True when the peer closed (or wrote unasked) while the connection sat idle.
     pub fn is_stale(&mut self, max_idle: Duration) -> bool {
         if self.last_used.elapsed() > max_idle || !self.buf.is_empty() {
@@ -291,7 +292,7 @@ impl Conn {
 
     /// Sends `request` and reads the whole response. `issued` receives the instant taken
     /// immediately before the write. Dropping the future closes nothing by itself: the
-    /// caller drops the `Conn` after a timeout so the server sees the disconnect.
+    /// caller drops the `TargetConnection` after a timeout so the server sees the disconnect.
     ///
     /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
     /// bookkeeping of the SSE events found in them, pass `max_response_bytes`; the caller then
