@@ -1,5 +1,5 @@
 //! The crate's one HTTP/1.1 codec: heads parsed and written, bodies framed and decoded, under
-//! the limits in [`limits`]. The proxy's ingress (client connections), its upstream pool
+//! the limits in `limits`. The proxy's ingress (client connections), its upstream pool
 //! (backend connections, health probes included) and the replay client all speak HTTP/1.1
 //! through it.
 //!
