@@ -5,6 +5,8 @@
 //!
 //! Each module is one stage of a data path; a reader finds a step of a request by its name.
 //!
+//! - [`http1`]: the one HTTP/1.1 codec (heads, body framing, limits) that the proxy's ingress
+//!   and upstream pool and the replay client all speak through.
 //! - [`proxy`]: listener → routing (session key, rendezvous affinity) → upstream (pooled
 //!   client, failover), which reports each exchange to the [`tap`]; plus health checks and
 //!   the admin API.
@@ -33,6 +35,7 @@ pub mod cli;
 pub mod dataset;
 pub mod demo;
 pub mod epp;
+pub mod http1;
 pub mod http_body;
 pub mod proxy;
 pub mod random;

@@ -11,7 +11,7 @@
 //! are each bounded in all (16 KiB, as hyper bounds them), however they are split into chunks
 //! and lines.
 
-use agentrace::proxy::h1::{self, BodyDecoder, Decoded, Framing, H1Error};
+use agentrace::http1::{self as h1, BodyDecoder, Decoded, Framing, H1Error};
 use bytes::BytesMut;
 
 /// What parsing a request head must give: its body framing, or the status it is refused with.

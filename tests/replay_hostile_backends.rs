@@ -7,6 +7,8 @@
 //! `result_summary.json` and in the turn's `error.generic` event, and a run whose every turn
 //! failed exits non-zero. A response that streams without end fails its turn once it passes
 //! `max_response_bytes`, naming the cap, and its connection is dropped; the replay finishes.
+//! A response whose framing breaks RFC 9112 (a chunk size that is not bare hex) is a
+//! `bad_response` too, refused by the same codec as the proxy's.
 
 mod support;
 
@@ -210,4 +212,26 @@ async fn endless_stream_fails_its_turn_at_max_response_bytes_and_drops_the_conne
         // before the guard.
         assert!(written < GUARD, "{written} bytes written");
     }
+}
+
+/// A chunk size written `+5`: hex digits only (RFC 9112 §7.1), so the response is malformed
+/// however a lax parser (Rust's `from_str_radix` takes the sign) would read it. The stream
+/// inside is otherwise a valid, complete one: only the framing can fail the turn.
+#[tokio::test]
+async fn signed_chunk_size_is_a_bad_response_not_a_turn() {
+    let events = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+                  data: [DONE]\n\n";
+    let reply = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+         +{:x}\r\n{events}\r\n0\r\n\r\n",
+        events.len()
+    );
+    let backend = RawBackend::spawn(&[reply.as_bytes()], After::KeepServing).await;
+    let out = tempfile::tempdir().unwrap();
+    let run = replay(&backend.url(), out.path(), &[]).await;
+    assert_bad_responses(
+        out.path(),
+        &run,
+        "malformed chunked body: a chunk size that is not hex digits",
+    );
 }

@@ -13,7 +13,7 @@ use http::Method;
 
 use super::reply;
 use super::Picker;
-use crate::proxy::fields::Fields;
+use crate::http1::Fields;
 use crate::proxy::routing::{session_key, InFlight, Outcome, SessionKey};
 use crate::tap::KeySource;
 

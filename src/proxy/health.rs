@@ -14,12 +14,13 @@ use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 
 use super::config::HealthConfig;
-use super::fields::{Forwarded, WireFields};
+use super::fields::OutboundFields;
 use super::held_body::HeldBody;
 use super::metrics::ErrorKind;
 use super::pool::{UpstreamRequest, WorkerPool};
 use super::routing::{Backend, HealthCounters};
 use super::Inner;
+use crate::http1::WireFields;
 use crate::shutdown::Shutdown;
 
 /// Probes every backend of the current pool each interval until `stop` fires.
@@ -62,7 +63,7 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
             .path
             .parse()
             .map_err(|e| format!("bad probe path {}: {e}", cfg.path))?;
-        let headers = Forwarded::new(WireFields::default(), &[], Vec::new());
+        let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
         let req = UpstreamRequest {
             method: &Method::GET,
             path_and_query: &path,

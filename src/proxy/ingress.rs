@@ -21,12 +21,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
 use super::budget::BodyCharge;
-use super::fields::Fields;
-use super::h1::{self, BodyDecoder, Decoded, Framing, H1Error, OutFraming, RequestHead};
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::ClientTimeout;
 use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
 use super::Inner;
+use crate::http1::{self, BodyDecoder, Decoded, Fields, Framing, H1Error, OutFraming, RequestHead};
 use crate::shutdown::Shutdown;
 
 /// Body frames up to this size are copied behind their framing, so both go out in one write;
@@ -201,7 +200,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     opened: Instant,
 ) {
     let limits = inner.client_limits;
-    let mut conn = Conn {
+    let mut conn = Downstream {
         io,
         buf,
         out: Vec::with_capacity(4096),
@@ -241,7 +240,7 @@ enum BodyError {
     TimedOut,
 }
 
-struct Conn<S> {
+struct Downstream<S> {
     io: S,
     /// Bytes read and not yet parsed (the rest of a request, or the next pipelined one).
     buf: BytesMut,
@@ -256,16 +255,16 @@ struct Conn<S> {
     shut: bool,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        h1::read_some(&mut self.io, &mut self.buf).await
+        http1::read_some(&mut self.io, &mut self.buf).await
     }
 
     /// Resolves once the client has hung up; bytes it sends meanwhile (a pipelined request)
     /// are kept for later. Stops watching once the buffer holds a whole head's worth.
     async fn hung_up(&mut self) {
         loop {
-            if self.buf.len() >= h1::MAX_HEAD {
+            if self.buf.len() >= http1::MAX_HEAD {
                 std::future::pending::<()>().await;
             }
             if !matches!(self.read_more().await, Ok(n) if n > 0) {
@@ -293,7 +292,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         // Set when a head is found incomplete: only a head split over reads waits on it.
         let mut head_due = None;
         let head = loop {
-            match h1::parse_request(&mut self.buf) {
+            match http1::parse_request(&mut self.buf) {
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(H1Error::Connect) => {
@@ -500,7 +499,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                                 Decoded::Done => return Ok(()),
                             }
                         }
-                        h1::reserve_read(&mut self.buf);
+                        http1::reserve_read(&mut self.buf);
                         read_body_into(&mut self.io, &mut self.buf, self.limits.body, deadline)
                             .await?;
                         yield_to_other_connections().await;
@@ -586,7 +585,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let framing = if bodiless || headers.has("content-length") {
             OutFraming::AsIs
         } else if let Some(n) = body.size_hint().exact() {
-            headers.set(header::CONTENT_LENGTH, h1::length_value(n));
+            headers.set(header::CONTENT_LENGTH, http1::length_value(n));
             OutFraming::AsIs
         } else if version == Version::HTTP_11 {
             OutFraming::Chunked
@@ -596,7 +595,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         let keep = keep && framing != OutFraming::Close;
         let next = if keep { Next::KeepAlive } else { Next::Close };
         self.out.clear();
-        h1::put_response_head(
+        http1::put_response_head(
             &mut self.out,
             status,
             headers.pairs(),
@@ -630,7 +629,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
             let data = match frame {
                 None => {
                     if framing == OutFraming::Chunked {
-                        self.out.extend_from_slice(h1::LAST_CHUNK);
+                        self.out.extend_from_slice(http1::LAST_CHUNK);
                     }
                     return match self.write_out(deadline).await {
                         Ok(()) => next,
@@ -656,7 +655,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 _ => b"",
             };
             if framing == OutFraming::Chunked {
-                h1::put_chunk_size(&mut self.out, data.len());
+                http1::put_chunk_size(&mut self.out, data.len());
             }
             let written = if data.len() <= COPY_MAX {
                 self.out.extend_from_slice(&data);

@@ -1,7 +1,7 @@
 //! The affinity proxy: pins each agent session to one backend and streams responses through.
 //!
-//! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the `h1` wire
-//! format) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
+//! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the crate's
+//! [`http1`](crate::http1) codec) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
 //! streamed response) over `pool` (per-worker keep-alive connections), which reports each
 //! exchange through the crate's [`tap`](crate::tap) (frame observers for the recorder);
 //! `health` and `admin` (with `metrics`) run beside them.
@@ -11,7 +11,6 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod fields;
-pub mod h1;
 pub mod health;
 pub mod held_body;
 pub mod ingress;

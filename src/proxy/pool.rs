@@ -27,9 +27,9 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::config::BackendUrl;
-use super::fields::{Fields, Forwarded, WireFields};
-use super::h1::{self, BodyDecoder, Decoded, H1Error};
+use super::fields::OutboundFields;
 use super::held_body::HeldBody;
+use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, WireFields};
 use crate::http_body::BoxError;
 
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
@@ -65,8 +65,14 @@ const MAX_INTERIM_RESPONSES: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     /// No connection could be made (TCP, TLS or protocol handshake).
-    #[error("connect: {0}")]
-    Connect(String),
+    #[error("connect: {step}: {source}")]
+    Connect {
+        /// Which step failed (`tcp connect error`, `TLS handshake`, …).
+        step: &'static str,
+        /// Why it failed, kept for whoever walks the chain; a timeout is `TimedOut`.
+        #[source]
+        source: std::io::Error,
+    },
     /// The request provably did not reach the backend whole.
     #[error(transparent)]
     NotSent(BoxError),
@@ -95,7 +101,7 @@ pub struct UpstreamRequest<'a> {
     /// Origin-form path and query, before the backend's base path is put in front.
     pub path_and_query: &'a PathAndQuery,
     /// Forwarded headers.
-    pub headers: &'a Forwarded,
+    pub headers: &'a OutboundFields,
     /// The whole body.
     pub body: &'a HeldBody,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
@@ -123,34 +129,34 @@ impl Key {
     }
 }
 
-/// A backend connection's transport.
-enum Io {
+/// A backend connection's byte stream: TCP, or TLS over it.
+enum BackendStream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl AsyncRead for Io {
+impl AsyncRead for BackendStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
+            BackendStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            BackendStream::Tls(s) => Pin::new(&mut **s).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for Io {
+impl AsyncWrite for BackendStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
+            BackendStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            BackendStream::Tls(s) => Pin::new(&mut **s).poll_write(cx, buf),
         }
     }
 
@@ -160,8 +166,8 @@ impl AsyncWrite for Io {
         bufs: &[IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
+            BackendStream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            BackendStream::Tls(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -171,28 +177,28 @@ impl AsyncWrite for Io {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
+            BackendStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            BackendStream::Tls(s) => Pin::new(&mut **s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
+            BackendStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            BackendStream::Tls(s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
 }
 
 /// An HTTP/1.1 connection to a backend with its read buffer and head-writing buffer.
 struct H1Conn {
-    io: Io,
+    io: BackendStream,
     buf: BytesMut,
     out: Vec<u8>,
 }
 
 impl H1Conn {
-    fn new(io: Io) -> Self {
+    fn new(io: BackendStream) -> Self {
         Self {
             io,
             buf: BytesMut::new(),
@@ -209,8 +215,8 @@ impl H1Conn {
             return false;
         }
         let tcp = match &self.io {
-            Io::Plain(tcp) => tcp,
-            Io::Tls(tls) => tls.get_ref().0,
+            BackendStream::Plain(tcp) => tcp,
+            BackendStream::Tls(tls) => tls.get_ref().0,
         };
         let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         let peeked = socket2::SockRef::from(tcp).peek(&mut probe);
@@ -218,7 +224,7 @@ impl H1Conn {
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
-        h1::read_some(&mut self.io, &mut self.buf).await
+        http1::read_some(&mut self.io, &mut self.buf).await
     }
 }
 
@@ -302,7 +308,7 @@ impl WorkerPool {
     /// generating it already; one the backend answered, however badly, never.
     pub fn may_resend(&self, e: &PoolError, method: &Method) -> bool {
         match e {
-            PoolError::Connect(_) | PoolError::NotSent(_) => true,
+            PoolError::Connect { .. } | PoolError::NotSent(_) => true,
             PoolError::NoResponse(_) => self.retry_after_send || method.is_safe(),
             PoolError::BadResponse(_) | PoolError::Request(_) => false,
         }
@@ -347,7 +353,7 @@ impl WorkerPool {
     ) -> Result<UpstreamResponse, PoolError> {
         conn.out.clear();
         let length = req.declare_length.then_some(req.body.len() as u64);
-        h1::put_request_head(
+        http1::put_request_head(
             &mut conn.out,
             req.method,
             &[&backend.base_path, req.path_and_query.as_str()],
@@ -374,7 +380,7 @@ impl WorkerPool {
         let mut received = false;
         let mut interim = 0;
         let head = loop {
-            match h1::parse_response(&mut conn.buf, head_request) {
+            match http1::parse_response(&mut conn.buf, head_request) {
                 Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
                     return Err(PoolError::bad_response(
                         "the backend switched protocols, which the proxy does not forward",
@@ -411,7 +417,7 @@ impl WorkerPool {
             conn: Some(conn),
             decoder: BodyDecoder::new(head.framing),
             reusable: head.keep_alive,
-            streamed: head.framing == h1::Framing::Chunked,
+            streamed: head.framing == http1::Framing::Chunked,
             eof: false,
             home: Some((key.clone(), self.clone())),
         };
@@ -566,41 +572,40 @@ impl WorkerPool {
                 .await
             {
                 Ok(Ok(tcp)) => tcp,
-                Ok(Err(e)) => return Err(PoolError::Connect(format!("tcp connect error: {e}"))),
-                Err(_) => {
-                    return Err(PoolError::Connect(format!(
-                        "tcp connect timed out after {timeout_ms} ms"
-                    )))
-                }
+                Ok(Err(e)) => return Err(connect_error("tcp connect error", e)),
+                Err(_) => return Err(connect_timeout("tcp connect", timeout_ms)),
             };
         let _ = tcp.set_nodelay(true);
         if !https {
             return Ok(Sender::H1 {
-                conn: H1Conn::new(Io::Plain(tcp)),
+                conn: H1Conn::new(BackendStream::Plain(tcp)),
                 reused: false,
             });
         }
-        let name = rustls::pki_types::ServerName::try_from(bare_host.to_string())
-            .map_err(|e| PoolError::Connect(format!("invalid TLS server name {bare_host}: {e}")))?;
+        let name = rustls::pki_types::ServerName::try_from(bare_host.to_string()).map_err(|e| {
+            connect_error(
+                "invalid TLS server name",
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{bare_host:?} ({e})"),
+                ),
+            )
+        })?;
         let tls =
             match tokio::time::timeout(self.connect_timeout, self.tls.connect(name, tcp)).await {
                 Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return Err(PoolError::Connect(format!("TLS handshake: {e}"))),
-                Err(_) => {
-                    return Err(PoolError::Connect(format!(
-                        "TLS handshake timed out after {timeout_ms} ms"
-                    )))
-                }
+                Ok(Err(e)) => return Err(connect_error("TLS handshake", e)),
+                Err(_) => return Err(connect_timeout("TLS handshake", timeout_ms)),
             };
         if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
             return Ok(Sender::H1 {
-                conn: H1Conn::new(Io::Tls(Box::new(tls))),
+                conn: H1Conn::new(BackendStream::Tls(Box::new(tls))),
                 reused: false,
             });
         }
         let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
             .await
-            .map_err(|e| PoolError::Connect(crate::telemetry::error_chain(&e)))?;
+            .map_err(|e| connect_error("HTTP/2 handshake", std::io::Error::other(e)))?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
@@ -623,6 +628,18 @@ impl WorkerPool {
         }
         slots.retain(|(_, s)| !s.idle.is_empty() || s.h2.is_some());
     }
+}
+
+fn connect_error(step: &'static str, source: std::io::Error) -> PoolError {
+    PoolError::Connect { step, source }
+}
+
+fn connect_timeout(step: &'static str, timeout_ms: u128) -> PoolError {
+    let source = std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("timed out after {timeout_ms} ms"),
+    );
+    PoolError::Connect { step, source }
 }
 
 /// The slot filed under `key`, added if there is none.
@@ -759,7 +776,7 @@ impl H1Body {
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
             }
-            h1::reserve_read(&mut conn.buf);
+            http1::reserve_read(&mut conn.buf);
             match tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok(0)) => self.eof = true,
@@ -805,5 +822,48 @@ impl HttpBody for UpstreamBody {
             },
             UpstreamBody::H2(b) => b.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connect_keeps_its_io_error_and_prints_it_once() {
+        // A port that was just free: nothing listens on it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let backend = BackendUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let tls = TlsConnector::from(Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        ));
+        let pool = WorkerPool::new(
+            tls,
+            Duration::from_secs(5),
+            1,
+            Duration::from_secs(1),
+            false,
+            Duration::ZERO,
+        );
+        let Err(e) = pool.connect(&Key(backend.origin.clone()), &backend).await else {
+            panic!("connected to a port nothing listens on");
+        };
+        let io = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        let chain = crate::telemetry::error_chain(&e);
+        assert!(chain.starts_with("connect: tcp connect error: "), "{chain}");
+        assert_eq!(chain.matches(&io.to_string()).count(), 1, "{chain}");
     }
 }

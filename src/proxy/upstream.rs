@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::config::UpstreamConfig;
-use super::fields::{self, Fields, Forwarded, WireFields};
+use super::fields::{self, OutboundFields};
 use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
@@ -27,6 +27,8 @@ use super::routing::{
     fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
 };
 use super::{Inner, ProxyError};
+use crate::http1::fields::{is_valid_host, put_quoted, text};
+use crate::http1::{Fields, WireFields};
 use crate::http_body::BoxError;
 use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 
@@ -137,7 +139,7 @@ pub struct Answer {
     /// Status.
     pub status: StatusCode,
     /// The fields to send.
-    pub headers: Forwarded,
+    pub headers: OutboundFields,
     /// The body.
     pub body: ProxyBody,
 }
@@ -161,7 +163,7 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     ]);
     Answer {
         status,
-        headers: Forwarded::new(headers, &[], Vec::new()),
+        headers: OutboundFields::new(headers, &[], Vec::new()),
         body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
     }
 }
@@ -277,11 +279,11 @@ fn refused_head(inner: &Inner, req: &Request<Incoming>) -> Option<Answer> {
     let authority_ok = req
         .uri()
         .authority()
-        .is_none_or(|a| fields::is_valid_host(a.as_str().as_bytes()));
+        .is_none_or(|a| is_valid_host(a.as_str().as_bytes()));
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host_ok = match (hosts.next(), hosts.next()) {
         (None, _) => true,
-        (Some(host), None) => fields::is_valid_host(host.as_bytes()),
+        (Some(host), None) => is_valid_host(host.as_bytes()),
         (Some(_), Some(_)) => false,
     };
     (!(authority_ok && host_ok)).then(|| {
@@ -500,7 +502,7 @@ async fn forward_held(
             }
             (Err(e), _) => {
                 let kind = match e {
-                    PoolError::Connect(_) => ErrorKind::Connect,
+                    PoolError::Connect { .. } => ErrorKind::Connect,
                     _ => ErrorKind::Send,
                 };
                 let cause = crate::telemetry::error_chain(&e);
@@ -543,13 +545,13 @@ async fn forward_held(
     backend.metrics.request(status);
     let named = backend.name_header.iter();
     let added = named.map(|v| (X_AGENTRACE_BACKEND, v.clone())).collect();
-    let headers = Forwarded::new(headers, &[], added);
+    let headers = OutboundFields::new(headers, &[], added);
     let declared_length = headers.has("content-length");
     // An error event can be appended only to a stream without a declared length.
     let sse = !declared_length
         && headers
             .first("content-type")
-            .and_then(fields::text)
+            .and_then(text)
             .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
@@ -607,7 +609,7 @@ async fn forward_held(
 /// Why a failed request is sent again, as the retry counter labels it.
 fn retry_reason(e: &PoolError) -> RetryReason {
     match e {
-        PoolError::Connect(_) => RetryReason::Connect,
+        PoolError::Connect { .. } => RetryReason::Connect,
         PoolError::NotSent(_) => RetryReason::NotSent,
         _ => RetryReason::AfterSend,
     }
@@ -703,9 +705,9 @@ fn exchange_start(
 const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
 
 /// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> Forwarded {
+fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> OutboundFields {
     let added = proxy_fields(&h, uri, client);
-    Forwarded::new(h, REQUEST_REPLACED, added)
+    OutboundFields::new(h, REQUEST_REPLACED, added)
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
@@ -732,13 +734,13 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
         Some(authority) => Some(authority.as_str().as_bytes()),
         None => host,
     }
-    .filter(|host| fields::is_valid_host(host));
+    .filter(|host| is_valid_host(host));
     let proto = if client.tls { "https" } else { "http" };
     let mut added = Vec::with_capacity(4);
     let xff = if xff {
         let mut list = bytes::BytesMut::with_capacity(64);
         put_earlier_hops(&mut list, h.values_of("x-forwarded-for"), |line| {
-            fields::text(line).is_some()
+            text(line).is_some()
         });
         list.extend_from_slice(client.ip.as_bytes());
         HeaderValue::from_maybe_shared(list.freeze()).ok()
@@ -763,7 +765,7 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
     forwarded.extend_from_slice(proto.as_bytes());
     if let Some(host) = host {
         forwarded.extend_from_slice(b";host=");
-        fields::put_quoted(&mut forwarded, host);
+        put_quoted(&mut forwarded, host);
         if !xfh && !host.contains(&b',') {
             if let Ok(v) = HeaderValue::from_bytes(host) {
                 added.push((X_FORWARDED_HOST, v));
@@ -1036,7 +1038,7 @@ mod tests {
                Expect: 100-continue\r\nContent-Length: 0\r\nX-Forwarded-For: 10.0.0.1\r\n\
                X-Session-Id: s1\r\n\r\n"[..],
         );
-        let head = super::super::h1::parse_request(&mut raw).unwrap().unwrap();
+        let head = crate::http1::parse_request(&mut raw).unwrap().unwrap();
         let out = forward_headers(
             head.headers,
             &Uri::from_static("/"),

@@ -1,5 +1,6 @@
 //! HTTP/1.1 client for the replayer: one keep-alive connection per slot, the request written in
-//! one call, the response read and de-chunked as it arrives, SSE events found by an incremental
+//! one call, the response read and de-chunked as it arrives by the crate's codec
+//! ([`crate::http1`], the proxy's own, so both refuse the same malformed responses), SSE events found by an incremental
 //! line scan and stamped at socket receipt. Nothing is parsed as JSON here.
 //!
 //! Owning the socket is what makes the stamps honest: ISSUED is taken immediately before the
@@ -13,10 +14,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,9 +35,15 @@ pub enum ClientError {
     /// Reading or writing the socket failed.
     #[error("transport: {0}")]
     Io(#[from] std::io::Error),
-    /// The peer sent something that is not HTTP/1.1.
+    /// The peer sent something that is not HTTP/1.1, or that breaks its framing rules.
     #[error("protocol: {0}")]
-    Protocol(String),
+    Protocol(#[from] H1Error),
+    /// The server answered `101 Switching Protocols`, which the replayer does not follow.
+    #[error("protocol: the server switched protocols, which the replayer does not follow")]
+    SwitchedProtocols,
+    /// No TLS client configuration could be built.
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] rustls::Error),
     /// The connection closed before the response was complete.
     #[error("connection closed before the response was complete")]
     Truncated,
@@ -101,8 +110,9 @@ impl Target {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+/// A connection's byte stream to the target: TCP, or TLS over it.
+trait TargetStream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> TargetStream for T {}
 
 /// Opens connections to one target; shared by every slot of a run.
 #[derive(Clone)]
@@ -124,7 +134,7 @@ impl std::fmt::Debug for Connector {
 
 impl Connector {
     /// A connector; `api_key` goes into every request's `Authorization` header; a response
-    /// past `max_response_bytes` fails (see [`Conn::exchange`]).
+    /// past `max_response_bytes` fails (see [`TargetConnection::exchange`]).
     pub fn new(
         target: Target,
         api_key: Option<&str>,
@@ -140,7 +150,7 @@ impl Connector {
                 rustls::crypto::ring::default_provider(),
             ))
             .with_safe_default_protocol_versions()
-            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .map_err(ClientError::Tls)?
             .with_root_certificates(roots)
             .with_no_client_auth();
             Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
@@ -188,7 +198,7 @@ impl Connector {
     }
 
     /// Opens a new connection.
-    pub async fn connect(&self) -> Result<Conn, ClientError> {
+    pub async fn connect(&self) -> Result<TargetConnection, ClientError> {
         let addr = format!("{}:{}", self.target.host, self.target.port);
         let fail = |message: String| ClientError::Connect {
             addr: addr.clone(),
@@ -202,7 +212,7 @@ impl Connector {
         .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
         .map_err(|e| fail(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let io: Box<dyn Io> = match &self.tls {
+        let io: Box<dyn TargetStream> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
                 let name = rustls::pki_types::ServerName::try_from(self.target.host.clone())
@@ -214,7 +224,7 @@ impl Connector {
                 )
             }
         };
-        Ok(Conn {
+        Ok(TargetConnection {
             io,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
@@ -225,8 +235,8 @@ impl Connector {
 }
 
 /// One keep-alive connection, owned by one slot.
-pub struct Conn {
-    io: Box<dyn Io>,
+pub struct TargetConnection {
+    io: Box<dyn TargetStream>,
     buf: BytesMut,
     last_used: Instant,
     /// Responses read whole on this connection.
@@ -234,9 +244,9 @@ pub struct Conn {
     max_response_bytes: usize,
 }
 
-impl std::fmt::Debug for Conn {
+impl std::fmt::Debug for TargetConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").finish_non_exhaustive()
+        f.debug_struct("TargetConnection").finish_non_exhaustive()
     }
 }
 
@@ -270,7 +280,7 @@ pub struct Response {
     pub reusable: bool,
 }
 
-impl Conn {
+impl TargetConnection {
     /// True when the peer closed (or wrote unasked) while the connection sat idle.
     pub fn is_stale(&mut self, max_idle: Duration) -> bool {
         if self.last_used.elapsed() > max_idle || !self.buf.is_empty() {
@@ -282,7 +292,7 @@ impl Conn {
 
     /// Sends `request` and reads the whole response. `issued` receives the instant taken
     /// immediately before the write. Dropping the future closes nothing by itself: the
-    /// caller drops the `Conn` after a timeout so the server sees the disconnect.
+    /// caller drops the `TargetConnection` after a timeout so the server sees the disconnect.
     ///
     /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
     /// bookkeeping of the SSE events found in them, pass `max_response_bytes`; the caller then
@@ -316,10 +326,7 @@ impl Conn {
         let mut first_byte = None;
         let mut received = 0usize;
         loop {
-            if self.buf.capacity() - self.buf.len() < 8 * 1024 {
-                self.buf.reserve(16 * 1024);
-            }
-            let read = self.io.read_buf(&mut self.buf).await;
+            let read = http1::read_some(&mut self.io, &mut self.buf).await;
             let n = match read {
                 Err(e) if first_byte.is_none() => return Err(closed_while_idle(e)),
                 r => r?,
@@ -329,15 +336,8 @@ impl Conn {
                 return Err(ClientError::ClosedWhileIdle);
             }
             first_byte.get_or_insert(now);
-            if n == 0 {
-                if reader.body_until_eof() {
-                    reader.finish_eof(now);
-                    break;
-                }
-                return Err(ClientError::Truncated);
-            }
             received += n;
-            let done = reader.feed(&mut self.buf, now)?;
+            let done = reader.feed(&mut self.buf, now, n == 0)?;
             let held = received + reader.events.len() * std::mem::size_of::<SseEvent>();
             if held > self.max_response_bytes {
                 return Err(ClientError::TooLarge {
@@ -346,6 +346,9 @@ impl Conn {
             }
             if done {
                 break;
+            }
+            if n == 0 {
+                return Err(ClientError::Truncated);
             }
         }
         self.last_used = Instant::now();
@@ -364,27 +367,23 @@ impl Conn {
     }
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-enum Framing {
+/// Where a response stands.
+#[derive(Debug, Default)]
+enum Stage {
+    /// Reading the head (or an interim 1xx head before the final one).
     #[default]
     Head,
-    Length(usize),
-    /// Inside a chunk with this many data bytes left.
-    ChunkData(usize),
-    /// Expecting a chunk-size line.
-    ChunkSize,
-    /// Expecting the CRLF after a chunk's data.
-    ChunkCrlf,
-    /// After the zero chunk: trailers until a blank line.
-    Trailers,
-    UntilEof,
+    /// Decoding the body as the head framed it.
+    Body(BodyDecoder),
+    /// The response is complete.
     Done,
 }
 
-/// Incremental response parser: head, then de-chunking, then the SSE line scan.
+/// Incremental response reader: the head and the body framing by the crate's HTTP/1.1 codec,
+/// then the SSE line scan over the decoded body.
 #[derive(Debug, Default)]
 struct ResponseReader {
-    framing: Framing,
+    stage: Stage,
     status: u16,
     content_type: Option<String>,
     keep_alive: bool,
@@ -398,146 +397,55 @@ struct ResponseReader {
 }
 
 impl ResponseReader {
-    fn body_until_eof(&self) -> bool {
-        self.framing == Framing::UntilEof
+    #[cfg(test)]
+    fn is_done(&self) -> bool {
+        matches!(self.stage, Stage::Done)
     }
 
-    fn finish_eof(&mut self, now: Instant) {
-        self.scan(now, true);
-        self.framing = Framing::Done;
-    }
-
-    /// Consumes what it can from `buf`; true once the response is complete.
-    fn feed(&mut self, buf: &mut BytesMut, now: Instant) -> Result<bool, ClientError> {
+    /// Consumes what it can from `buf`; true once the response is complete. `eof` says the
+    /// server has closed, so `buf` is all there will be: a response not complete by then is
+    /// [`ClientError::Truncated`], unless its body runs to the close.
+    fn feed(&mut self, buf: &mut BytesMut, now: Instant, eof: bool) -> Result<bool, ClientError> {
         loop {
-            match self.framing {
-                Framing::Head => {
-                    let mut headers = [httparse::EMPTY_HEADER; 64];
-                    let mut resp = httparse::Response::new(&mut headers);
-                    let len = match resp
-                        .parse(buf)
-                        .map_err(|e| ClientError::Protocol(format!("response head: {e}")))?
-                    {
-                        httparse::Status::Partial => return Ok(false),
-                        httparse::Status::Complete(len) => len,
-                    };
-                    self.status = resp.code.unwrap_or(0);
-                    self.keep_alive = resp.version == Some(1);
-                    let mut length = None;
-                    let mut chunked = false;
-                    self.content_type = None;
-                    for h in resp.headers.iter() {
-                        if h.name.eq_ignore_ascii_case("content-type") {
-                            self.content_type = Some(String::from_utf8_lossy(h.value).into_owned());
-                        } else if h.name.eq_ignore_ascii_case("content-length") {
-                            length = std::str::from_utf8(h.value)
-                                .ok()
-                                .and_then(|v| v.trim().parse::<usize>().ok());
-                        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                            chunked = h.value.to_ascii_lowercase().ends_with(b"chunked");
-                        } else if h.name.eq_ignore_ascii_case("connection") {
-                            let v = h.value.to_ascii_lowercase();
-                            if v == b"close" {
-                                self.keep_alive = false;
-                            } else if v == b"keep-alive" {
-                                self.keep_alive = true;
-                            }
-                        }
-                    }
-                    buf.advance(len);
-                    self.framing = if (100..200).contains(&self.status) {
-                        Framing::Head
-                    } else if chunked {
-                        Framing::ChunkSize
-                    } else if let Some(n) = length {
-                        if n == 0 {
-                            Framing::Done
+            match &mut self.stage {
+                Stage::Head => {
+                    let Some(head) = http1::parse_response(buf, false)? else {
+                        return if eof {
+                            Err(ClientError::Truncated)
                         } else {
-                            Framing::Length(n)
-                        }
-                    } else {
-                        self.keep_alive = false;
-                        Framing::UntilEof
+                            Ok(false)
+                        };
                     };
+                    if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                        return Err(ClientError::SwitchedProtocols);
+                    }
                     self.last_byte = Some(now);
-                }
-                Framing::Length(left) => {
-                    if buf.is_empty() {
-                        return Ok(false);
+                    // Interim responses (100, 103) are passed over; the final one follows.
+                    if head.status.is_informational() {
+                        continue;
                     }
-                    let take = left.min(buf.len());
-                    self.body.extend_from_slice(&buf.split_to(take));
-                    self.framing = if take == left {
-                        Framing::Done
-                    } else {
-                        Framing::Length(left - take)
-                    };
-                    self.scan(now, self.framing == Framing::Done);
+                    self.status = head.status.as_u16();
+                    self.keep_alive = head.keep_alive;
+                    self.content_type = head
+                        .headers
+                        .first("content-type")
+                        .map(|v| String::from_utf8_lossy(v).into_owned());
+                    self.stage = Stage::Body(BodyDecoder::new(head.framing));
                 }
-                Framing::UntilEof => {
-                    if buf.is_empty() {
-                        return Ok(false);
+                Stage::Body(decoder) => match decoder.decode(buf, eof) {
+                    Ok(Decoded::Data(data)) => {
+                        self.body.extend_from_slice(&data);
+                        self.scan(now, false);
                     }
-                    self.body.extend_from_slice(&buf.split());
-                    self.scan(now, false);
-                }
-                Framing::ChunkSize => {
-                    let Some(nl) = memchr::memchr(b'\n', buf) else {
-                        if buf.len() > 1024 {
-                            return Err(ClientError::Protocol("chunk size line too long".into()));
-                        }
-                        return Ok(false);
-                    };
-                    let line = std::str::from_utf8(&buf[..nl])
-                        .map_err(|_| ClientError::Protocol("chunk size is not ASCII".into()))?;
-                    let hex = line.trim().split(';').next().unwrap_or("").trim();
-                    let size = usize::from_str_radix(hex, 16)
-                        .map_err(|_| ClientError::Protocol(format!("bad chunk size {hex:?}")))?;
-                    buf.advance(nl + 1);
-                    self.framing = if size == 0 {
-                        Framing::Trailers
-                    } else {
-                        Framing::ChunkData(size)
-                    };
-                }
-                Framing::ChunkData(left) => {
-                    if buf.is_empty() {
-                        return Ok(false);
-                    }
-                    let take = left.min(buf.len());
-                    self.body.extend_from_slice(&buf.split_to(take));
-                    self.framing = if take == left {
-                        Framing::ChunkCrlf
-                    } else {
-                        Framing::ChunkData(left - take)
-                    };
-                    self.scan(now, false);
-                }
-                Framing::ChunkCrlf => {
-                    if buf.len() < 2 {
-                        if buf.first().is_some_and(|b| *b != b'\r') {
-                            return Err(ClientError::Protocol("missing CRLF after chunk".into()));
-                        }
-                        return Ok(false);
-                    }
-                    if &buf[..2] != b"\r\n" {
-                        return Err(ClientError::Protocol("missing CRLF after chunk".into()));
-                    }
-                    buf.advance(2);
-                    self.framing = Framing::ChunkSize;
-                }
-                Framing::Trailers => {
-                    let Some(nl) = memchr::memchr(b'\n', buf) else {
-                        return Ok(false);
-                    };
-                    let blank = buf[..nl].iter().all(|b| *b == b'\r');
-                    buf.advance(nl + 1);
-                    if blank {
-                        self.framing = Framing::Done;
+                    Ok(Decoded::NeedMore) => return Ok(false),
+                    Ok(Decoded::Done) => {
+                        self.stage = Stage::Done;
                         self.scan(now, true);
                     }
-                }
-                Framing::Done => {
+                    Err(H1Error::Incomplete) => return Err(ClientError::Truncated),
+                    Err(e) => return Err(e.into()),
+                },
+                Stage::Done => {
                     self.last_byte = Some(now);
                     return Ok(true);
                 }
@@ -588,17 +496,17 @@ impl ResponseReader {
 mod tests {
     use super::*;
 
-    fn feed_all(parts: &[&[u8]]) -> ResponseReader {
+    fn feed_all(parts: &[&[u8]]) -> Result<ResponseReader, ClientError> {
         let mut r = ResponseReader::default();
         let mut buf = BytesMut::new();
         let now = Instant::now();
         for p in parts {
             buf.extend_from_slice(p);
-            if r.feed(&mut buf, now).unwrap() {
+            if r.feed(&mut buf, now, false)? {
                 break;
             }
         }
-        r
+        Ok(r)
     }
 
     #[test]
@@ -609,8 +517,8 @@ mod tests {
             c\r\n: [DONE]\r\n\r\n\r\n\
             0\r\n\r\n";
         for split in 1..wire.len() {
-            let r = feed_all(&[&wire[..split], &wire[split..]]);
-            assert_eq!(r.framing, Framing::Done, "split at {split}");
+            let r = feed_all(&[&wire[..split], &wire[split..]]).unwrap();
+            assert!(r.is_done(), "split at {split}");
             let texts: Vec<&[u8]> = r.events.iter().map(|e| &r.body[e.start..e.end]).collect();
             assert_eq!(
                 texts,
@@ -629,11 +537,47 @@ mod tests {
         let r = feed_all(&[
             b"HTTP/1.1 500 Internal\r\nContent-Length: 5\r\n\r\nhel",
             b"lo",
-        ]);
-        assert_eq!(r.framing, Framing::Done);
+        ])
+        .unwrap();
+        assert!(r.is_done());
         assert_eq!(r.status, 500);
         assert_eq!(&r.body[..], b"hello");
         assert!(r.keep_alive);
+    }
+
+    #[test]
+    fn malformed_framing_is_a_protocol_error_not_a_body() {
+        for wire in [
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+5\r\nhello\r\n0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        ] {
+            assert!(
+                matches!(feed_all(&[wire.as_bytes()]), Err(ClientError::Protocol(_))),
+                "{wire:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn interim_responses_are_passed_over_and_a_close_ends_an_unframed_body() {
+        let mut r = ResponseReader::default();
+        let mut buf =
+            BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\nab"[..]);
+        let now = Instant::now();
+        assert!(!r.feed(&mut buf, now, false).unwrap());
+        assert!(r.feed(&mut buf, now, true).unwrap());
+        assert_eq!(
+            (r.status, &r.body[..], r.keep_alive),
+            (200, &b"ab"[..], false)
+        );
+        let cut = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel";
+        let mut r = ResponseReader::default();
+        assert!(matches!(
+            r.feed(&mut BytesMut::from(&cut[..]), now, true),
+            Err(ClientError::Truncated)
+        ));
     }
 
     #[test]

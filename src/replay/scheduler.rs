@@ -13,7 +13,7 @@ use bytes::Bytes;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use super::client::{ClientError, Conn, Connector, Response};
+use super::client::{ClientError, Connector, Response, TargetConnection};
 use super::config::{LogPrompts, ReplayConfig};
 use super::decode::{self, DecodeError};
 use super::events::{self, EventSink, Prompt, Record, Uuid};
@@ -258,7 +258,7 @@ pub(crate) async fn run_slot(
     start: Arc<tokio::sync::Barrier>,
 ) -> SlotResult {
     let mut out = SlotResult::default();
-    let mut conns: Vec<Option<Conn>> = Vec::with_capacity(phase.connectors.len());
+    let mut conns: Vec<Option<TargetConnection>> = Vec::with_capacity(phase.connectors.len());
     for connector in &phase.connectors {
         conns.push(connector.connect().await.ok());
     }
@@ -318,7 +318,7 @@ async fn run_trajectory(
     slot: u32,
     k: u64,
     target: usize,
-    conn: &mut Option<Conn>,
+    conn: &mut Option<TargetConnection>,
     rng: &mut rand_chacha::ChaCha8Rng,
     out: &mut SlotResult,
 ) {
@@ -427,7 +427,9 @@ async fn run_trajectory(
                         },
                         Ok(Err(e)) => Outcome::Failed {
                             kind: match e {
-                                ClientError::TooLarge { .. } => TurnKind::BadResponse,
+                                ClientError::TooLarge { .. }
+                                | ClientError::Protocol(_)
+                                | ClientError::SwitchedProtocols => TurnKind::BadResponse,
                                 _ => TurnKind::Transport,
                             },
                             error_type: "error".into(),
@@ -662,7 +664,7 @@ async fn run_trajectory(
 /// one, re-stamping `issued`: the first try never reached the server.
 async fn exchange_on(
     connector: &Connector,
-    conn: &mut Option<Conn>,
+    conn: &mut Option<TargetConnection>,
     request: &[u8],
     issued: &mut Option<Instant>,
 ) -> Result<Response, ClientError> {

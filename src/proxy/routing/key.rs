@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use http::{HeaderName, Method};
 
 use super::hash::{avalanche, hash64};
-use crate::proxy::fields::Fields;
+use crate::http1::Fields;
 use crate::tap::KeySource;
 
 /// A request's session key with its precomputed hash.

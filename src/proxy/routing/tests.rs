@@ -4,7 +4,7 @@ use http::Method;
 use tokio::time::Instant;
 
 use super::*;
-use crate::proxy::fields::WireFields;
+use crate::http1::WireFields;
 use crate::proxy::metrics::ProxyMetrics;
 use crate::tap::KeySource;
 
