@@ -511,3 +511,113 @@ async fn wait_for(mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Writes `hot` sessions that speak at every step and `cold` ones that speak in turn, so the
+/// cold ones' bases are forgotten under a small bound while the hot ones stay deltas; returns
+/// the bound and the request bodies in the order sent.
+async fn many_sessions(dir: &std::path::Path) -> (u64, Vec<Vec<u8>>) {
+    let bound = 32 * 1024;
+    let rec = Recorder::start(&CaptureConfig {
+        memory_bound_bytes: bound,
+        // One record in flight at a time: the sink's hold on bodies never reaches the bound.
+        queue_capacity: 1,
+        full_policy: FullPolicy::Block,
+        ..config(dir)
+    })
+    .unwrap();
+    let (hot, cold, turns) = (3, 24, 8);
+    let bodies: Vec<Vec<Vec<u8>>> = (0..hot + cold)
+        .map(|s| agent_bodies(&format!("many-{s}"), turns))
+        .collect();
+    let mut next = vec![0usize; hot + cold];
+    let mut sent = Vec::new();
+    for step in 0..cold * turns {
+        for s in (0..hot).chain([hot + step % cold]) {
+            let Some(body) = bodies[s].get(next[s]) else {
+                continue;
+            };
+            next[s] += 1;
+            let ex = FakeExchange::chat(Some(&format!("many-{s}")), body.clone(), "ok");
+            drive_waiting(rec.sink.as_ref(), &ex).await;
+            sent.push(body.clone());
+        }
+    }
+    rec.finish().await;
+    (bound, sent)
+}
+
+/// Reads the one segment of `dir`: its request bodies, the most bytes its reader held for
+/// deltas, and how many bodies were stored as deltas.
+fn read_bases(dir: &std::path::Path) -> (Vec<Vec<u8>>, u64, usize) {
+    let segs = reader::segments(dir).unwrap();
+    assert_eq!(segs.len(), 1);
+    let mut r = SegmentReader::open(&segs[0]).unwrap();
+    let (mut bodies, mut most, mut deltas) = (Vec::new(), 0, 0);
+    while let Some(entry) = r.next() {
+        most = most.max(r.base_bytes());
+        if let Entry::Exchange(e) = entry {
+            deltas += usize::from(e.record.request.body.base.is_some());
+            bodies.push(e.request_body.expect("every body kept"));
+        }
+    }
+    assert!(r.cut().is_none(), "{:?}", r.cut());
+    (bodies, most, deltas)
+}
+
+// A segment of many sessions reads within the delta-base bound its writer kept (recorded in
+// its header), forgetting the same sessions' bases the writer forgot, and every request body
+// still rebuilds byte for byte: the hot sessions' as deltas, the forgotten ones' stored whole.
+#[tokio::test]
+async fn segment_reader_holds_no_more_delta_bases_than_its_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bound, sent) = many_sessions(dir.path()).await;
+    let (bodies, most, deltas) = read_bases(dir.path());
+    assert_eq!(bodies, sent);
+    let all: u64 = (0..27)
+        .map(|s| format!("many-{s}").len() as u64)
+        .sum::<u64>()
+        + sent
+            .iter()
+            .rev()
+            .take(27)
+            .map(|b| b.len() as u64)
+            .sum::<u64>();
+    assert!(all > 2 * bound, "the sessions' bases ({all}) fit the bound");
+    assert!(
+        most <= bound,
+        "reader held {most} bytes of bases, bound {bound}"
+    );
+    assert!(most > bound / 2, "reader held only {most} bytes of bases");
+    let hot_turns = 3 * 7;
+    assert!(deltas >= hot_turns, "only {deltas} deltas");
+    assert!(
+        deltas < sent.len() - 27,
+        "{deltas} deltas: no base was forgotten"
+    );
+}
+
+// A segment whose header has no `delta_bases_bytes` (written before it was recorded) still
+// reads whole, keeping every session's base as readers always did.
+#[tokio::test]
+async fn segments_without_a_recorded_bound_read_keeping_every_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let (bound, sent) = many_sessions(dir.path()).await;
+    let path = reader::segments(dir.path()).unwrap().remove(0);
+    let text = String::from_utf8(decompressed(dir.path())).unwrap();
+    let (head, rest) = text.split_once('\n').unwrap();
+    let mut header: serde_json::Value = serde_json::from_str(head).unwrap();
+    assert!(
+        header["delta_bases_bytes"].as_u64() == Some(bound),
+        "{header}"
+    );
+    header.as_object_mut().unwrap().remove("delta_bases_bytes");
+    let old = format!("{header}\n{rest}");
+    std::fs::write(&path, zstd::encode_all(old.as_bytes(), 3).unwrap()).unwrap();
+
+    let (bodies, most, _) = read_bases(dir.path());
+    assert_eq!(bodies, sent);
+    assert!(
+        most > bound,
+        "an old segment's reader held only {most} bytes"
+    );
+}

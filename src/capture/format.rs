@@ -43,6 +43,11 @@ pub struct SegmentHeader {
     /// Kubernetes pod name); absent in segments written before replicas were named.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
+    /// The bound in bytes (session keys plus bodies) on the delta bases kept while writing
+    /// this segment: a reader that forgets bases by the same rule needs no more memory.
+    /// Absent in segments written before it was recorded, which read with every base kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_bases_bytes: Option<u64>,
 }
 
 /// Exchanges the recorder could not keep, so a reader knows the capture has holes.

@@ -7,6 +7,7 @@
 //! agentic dataset, `cli` is the command. The replayer's `open_loop` replays them at their
 //! recorded times.
 
+mod bases;
 pub mod cli;
 pub mod export;
 pub mod format;

@@ -1,12 +1,14 @@
 //! Reads capture segments back: every complete record of a segment, even one whose writer was
 //! killed mid-frame (the cut is reported, not fatal), with request bodies rebuilt from their
-//! per-session deltas.
+//! per-session deltas. The bases those deltas refer to are forgotten by the rule the writer
+//! followed ([`DeltaBases`]), so a segment reads within the bound its header records.
 
-use std::collections::HashMap;
+use bytes::Bytes;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
+use super::bases::DeltaBases;
 use super::format::{self, DroppedRecord, ExchangeRecord, Line, SegmentHeader, StoredBody};
 use super::CaptureError;
 
@@ -124,7 +126,7 @@ pub fn segments(dir: &Path) -> Result<Vec<PathBuf>, CaptureError> {
 pub struct SegmentReader {
     path: PathBuf,
     lines: BufReader<zstd::stream::read::Decoder<'static, BufReader<File>>>,
-    sessions: HashMap<String, Vec<u8>>,
+    bases: DeltaBases,
     records: u64,
     buf: Vec<u8>,
     cut: Option<Cut>,
@@ -140,12 +142,18 @@ impl SegmentReader {
         Ok(SegmentReader {
             path: path.to_path_buf(),
             lines: BufReader::with_capacity(256 * 1024, decoder),
-            sessions: HashMap::new(),
+            bases: DeltaBases::new(None),
             records: 0,
             buf: Vec::new(),
             cut: None,
             done: false,
         })
+    }
+
+    /// Bytes held to rebuild the deltas still to come (session keys plus previous request
+    /// bodies): within the header's `delta_bases_bytes` when it has one, as the writer's were.
+    pub fn base_bytes(&self) -> u64 {
+        self.bases.bytes()
     }
 
     /// Where the segment stopped being readable, once iteration has ended there.
@@ -176,6 +184,7 @@ impl SegmentReader {
                         format::FORMAT
                     ));
                 }
+                self.bases = DeltaBases::new(h.delta_bases_bytes);
                 Ok(Entry::Segment(h))
             }
             _ if self.records == 0 => Err("the segment does not start with its header".into()),
@@ -198,8 +207,9 @@ impl SegmentReader {
     fn rebuild_request(&mut self, record: &ExchangeRecord) -> Result<Option<Vec<u8>>, String> {
         let stored = &record.request.body;
         if !has_bytes(stored) {
+            // The writer kept an empty base for it: so does the reader, to forget the same.
             if let Some(key) = &record.session {
-                self.sessions.remove(key);
+                self.bases.set(key, Bytes::new());
             }
             return Ok(None);
         }
@@ -210,7 +220,7 @@ impl SegmentReader {
                 let prev = record
                     .session
                     .as_ref()
-                    .and_then(|k| self.sessions.get(k))
+                    .and_then(|k| self.bases.get(k))
                     .ok_or("delta without a previous request of its session")?;
                 format::patch(prev, base, &middle)?
             }
@@ -223,7 +233,7 @@ impl SegmentReader {
             ));
         }
         if let Some(key) = &record.session {
-            self.sessions.insert(key.clone(), body.clone());
+            self.bases.set(key, Bytes::from(body.clone()));
         }
         Ok(Some(body))
     }

@@ -9,7 +9,6 @@
 //! each failure, and tries a new segment only when a record arrives after the wait, flushing
 //! at once so a disk still full costs one short-lived file per wait, never one per second.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::bases::DeltaBases;
 use super::format::{
     self, DeltaBase, DroppedRecord, EndKind, ExchangeRecord, Line, Offsets, SegmentHeader,
     StoredBody, StoredRequest, StoredResponse,
@@ -107,12 +107,6 @@ enum Lost {
     RetryWait,
 }
 
-/// The previous request body of a session, the base of its next delta.
-struct SessionBase {
-    body: Bytes,
-    last_use: u64,
-}
-
 struct Writer {
     config: CaptureConfig,
     shared: Arc<Shared>,
@@ -126,9 +120,8 @@ struct Writer {
     retry_at: Option<Instant>,
     /// Failures since the last successful flush: sets the wait before the next attempt.
     failures: u32,
-    sessions: HashMap<String, SessionBase>,
-    session_bytes: u64,
-    uses: u64,
+    /// The delta bases of the open segment, within `memory_bound_bytes`.
+    bases: DeltaBases,
     drops_reported: u64,
     errors_unlogged: u64,
     last_error: Option<String>,
@@ -145,9 +138,7 @@ impl Writer {
             segment: None,
             retry_at: None,
             failures: 0,
-            sessions: HashMap::new(),
-            session_bytes: 0,
-            uses: 0,
+            bases: DeltaBases::new(Some(config.memory_bound_bytes)),
             drops_reported: 0,
             errors_unlogged: 0,
             last_error: None,
@@ -312,8 +303,8 @@ impl Writer {
                     pending_raw: 0,
                 });
                 // Every segment decodes on its own: deltas never reach into a previous one.
-                self.sessions.clear();
-                self.session_bytes = 0;
+                let bound = self.shared.memory_bound;
+                self.bases = DeltaBases::new(Some(bound));
                 let header = Line::Segment(SegmentHeader {
                     format: format::FORMAT.into(),
                     recorder: self.tag.clone(),
@@ -321,6 +312,7 @@ impl Writer {
                     created_unix_ns: now_ns,
                     writer: env!("CARGO_PKG_VERSION").into(),
                     replica: Some(self.replica.clone()),
+                    delta_bases_bytes: Some(bound),
                 });
                 if self.write_line(&header) {
                     Ok(())
@@ -508,49 +500,22 @@ impl Writer {
         }
     }
 
-    /// Keeps this request body as its session's next delta base; bases and their keys stay
-    /// within `memory_bound_bytes`, the least recently used going first.
+    /// Keeps this request body as its session's next delta base (empty when not kept whole),
+    /// by the rule the reader follows too (see [`DeltaBases`]).
     fn remember(&mut self, c: &Captured) {
         let Some(key) = c.start.session_key.as_ref() else {
             return;
         };
-        self.uses += 1;
-        let body = if c.request_len == c.start.request_body.len() && c.request_len > 0 {
+        let body = if c.request_len == c.start.request_body.len() {
             c.start.request_body.clone()
         } else {
             Bytes::new()
         };
-        self.session_bytes += body.len() as u64;
-        match self.sessions.insert(
-            key.clone(),
-            SessionBase {
-                body,
-                last_use: self.uses,
-            },
-        ) {
-            Some(old) => self.session_bytes -= old.body.len() as u64,
-            // The key is held too, and a client may make it as long as a header (64 KiB).
-            None => self.session_bytes += key.len() as u64,
-        }
-        while self.session_bytes > self.shared.memory_bound && self.sessions.len() > 1 {
-            let oldest = self
-                .sessions
-                .iter()
-                .min_by_key(|(_, b)| b.last_use)
-                .map(|(k, _)| k.clone());
-            if let Some((k, base)) = oldest.and_then(|k| self.sessions.remove_entry(&k)) {
-                self.session_bytes -= (k.len() + base.body.len()) as u64;
-            }
-        }
+        self.bases.set(key, body);
     }
 
     fn encode(&self, c: &Captured) -> ExchangeRecord {
-        let base = c
-            .start
-            .session_key
-            .as_ref()
-            .and_then(|k| self.sessions.get(k))
-            .map(|b| &b.body);
+        let base = c.start.session_key.as_ref().and_then(|k| self.bases.get(k));
         encode(c, base, &self.redact)
     }
 }
@@ -739,12 +704,12 @@ mod tests {
                 held: 0,
             });
         }
-        let kept: usize = writer.sessions.keys().map(|k| k.len() + 2).sum();
+        let kept = writer.bases.bytes();
         assert!(kept <= 1024 * 1024, "{kept} bytes of session bases kept");
-        assert_eq!(writer.session_bytes, kept as u64);
+        assert!(kept >= 16 * (60 * 1024 + 2), "{kept}: too few kept");
         assert!(writer
-            .sessions
-            .contains_key(&format!("{:08}-{}", 99, "k".repeat(60 * 1024 - 9))));
+            .bases
+            .contains(&format!("{:08}-{}", 99, "k".repeat(60 * 1024 - 9))));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, Sleep};
 
+use super::arrival::Arrivals;
 use super::budget::BodyCharge;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::ClientTimeout;
@@ -190,14 +191,17 @@ fn poll_send<W: AsyncWrite + Unpin>(
 
 /// Serves HTTP/1.1 requests on `io` until the client closes, asks to close, idles past the
 /// idle timeout, or `shutdown` fires while the connection is idle; `buf` holds bytes already
-/// read from it, and `opened` is when the connection was accepted.
-pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+/// read from it, and `opened` is when the connection was accepted. With a recorder on, a
+/// request's start is when its first byte reached the host ([`Arrivals`]): `arrived` for the
+/// bytes in `buf`, the kernel's stamp for a request that begins on an empty buffer.
+pub async fn serve<S: AsyncRead + AsyncWrite + Arrivals + Unpin>(
     io: S,
     buf: BytesMut,
     inner: Arc<Inner>,
     client: Arc<ClientConn>,
     shutdown: Shutdown,
     opened: Instant,
+    arrived: Option<u128>,
 ) {
     let limits = inner.client_limits;
     let mut conn = Downstream {
@@ -208,6 +212,8 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         idle_since: opened,
         served: false,
         shut: false,
+        stamp_arrivals: inner.sink.is_some(),
+        arrived,
     };
     // One wait and one timer for the connection's life: they register once, not per request.
     let mut stop = std::pin::pin!(shutdown.clone().signalled());
@@ -253,9 +259,13 @@ struct Downstream<S> {
     served: bool,
     /// Whether the sending side has been closed already (after a refusal).
     shut: bool,
+    /// Whether requests are stamped with the kernel's receive time (a recorder is on).
+    stamp_arrivals: bool,
+    /// When the first byte of the request beginning in `buf` arrived, if known.
+    arrived: Option<u128>,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
+impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
     async fn read_more(&mut self) -> std::io::Result<usize> {
         http1::read_some(&mut self.io, &mut self.buf).await
     }
@@ -291,6 +301,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
     ) -> Next {
         // Set when a head is found incomplete: only a head split over reads waits on it.
         let mut head_due = None;
+        let mut arrived = self.arrived.take();
         let head = loop {
             match http1::parse_request(&mut self.buf) {
                 Ok(Some(head)) => break head,
@@ -315,9 +326,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
                 }
             };
             // Biased: once bytes are there, neither the signal nor the timer is polled again.
+            let stamp = idle && self.stamp_arrivals && arrived.is_none();
             let read = tokio::select! {
                 biased;
-                read = self.read_more() => read,
+                read = async {
+                    if stamp {
+                        arrived = self.io.first_byte().await;
+                    }
+                    self.read_more().await
+                } => read,
                 () = stop.as_mut(), if idle => return Next::Close,
                 () = deadline.reached(due) => {
                     let limit = if idle && self.served {
@@ -343,7 +360,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Downstream<S> {
                 return Next::Close;
             }
         };
-        let started = Started::now(inner);
+        let started = Started::arrived(inner, arrived);
         let limit = inner.max_request_body;
         // Held until the request has been forwarded (or abandoned): the end of this function.
         let mut charge = inner.body_budget.charge();
@@ -710,6 +727,8 @@ mod tests {
         writes: Arc<parking_lot::Mutex<Vec<Vec<u8>>>>,
     }
 
+    impl Arrivals for RecordingIo {}
+
     impl AsyncRead for RecordingIo {
         fn poll_read(
             mut self: Pin<&mut Self>,
@@ -847,6 +866,7 @@ mod tests {
             Arc::new(ClientConn::new(peer, false, 0)),
             shutdown,
             Instant::now(),
+            None,
         ));
 
         client

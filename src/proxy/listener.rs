@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use super::config::TlsConfig;
 use super::ingress_h2::serve as serve_h2;
 use super::metrics::{ClientTimeout, ConnectionRefusal};
-use super::{ingress, upstream, Inner, ProxyError};
+use super::{arrival, ingress, upstream, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
 /// A TLS handshake slower than this is abandoned (a stalled client must not hold a task).
@@ -148,6 +148,9 @@ pub async fn serve(
             config.client.max_tls_handshakes,
         )
     };
+    if inner.sink.is_some() && !arrival::enable(&tcp) {
+        tracing::debug!("no kernel receive timestamps: requests are stamped when read");
+    }
     let tls = tls.map(|acceptor| TlsIngress {
         config: acceptor.config().clone(),
         permits: Arc::new(tokio::sync::Semaphore::new(max_tls_handshakes)),
@@ -400,8 +403,16 @@ async fn serve_connection(
         None => {
             let mut buf = BytesMut::with_capacity(16 * 1024);
             let first_bytes_due = opened + inner.client_limits.header;
+            // With a recorder on, the first request's start is when its first byte arrived.
+            let stamp = inner.sink.is_some();
+            let mut arrived = None;
             let sniffed = tokio::select! {
-                sniffed = sniff_h2(&mut stream, &mut buf) => sniffed,
+                sniffed = async {
+                    if stamp {
+                        arrived = arrival::first_byte(&stream).await;
+                    }
+                    sniff_h2(&mut stream, &mut buf).await
+                } => sniffed,
                 () = shutdown.wait() => return,
                 () = tokio::time::sleep_until(first_bytes_due) => {
                     inner.metrics.client_timeout(ClientTimeout::Header);
@@ -411,7 +422,7 @@ async fn serve_connection(
             match sniffed {
                 None => return,
                 Some(false) => {
-                    ingress::serve(stream, buf, inner, client, shutdown, opened).await;
+                    ingress::serve(stream, buf, inner, client, shutdown, opened, arrived).await;
                     return;
                 }
                 Some(true) => {
@@ -446,7 +457,8 @@ async fn serve_connection(
                 }
             };
             if stream.get_ref().1.alpn_protocol() != Some(b"h2") {
-                ingress::serve(stream, BytesMut::new(), inner, client, shutdown, opened).await;
+                let (buf, arrived) = (BytesMut::new(), None);
+                ingress::serve(stream, buf, inner, client, shutdown, opened, arrived).await;
                 return;
             }
             serve_h2(stream, inner, client, shutdown, opened).await

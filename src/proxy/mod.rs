@@ -1,12 +1,14 @@
 //! The affinity proxy: pins each agent session to one backend and streams responses through.
 //!
 //! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the crate's
-//! [`http1`](crate::http1) codec) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
+//! [`http1`](crate::http1) codec; `arrival` stamps a request with its first byte's kernel
+//! receive time) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
 //! streamed response) over `pool` (per-worker keep-alive connections), which reports each
 //! exchange through the crate's [`tap`](crate::tap) (frame observers for the recorder);
 //! `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
+pub mod arrival;
 pub mod budget;
 pub mod cli;
 pub mod config;

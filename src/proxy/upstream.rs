@@ -255,6 +255,15 @@ impl Started {
             unix_ns,
         }
     }
+
+    /// When the request's first byte reached the host (kernel time, see [`super::arrival`]),
+    /// if known and believable; else now.
+    pub fn arrived(inner: &Inner, unix_ns: Option<u128>) -> Self {
+        match unix_ns.and_then(|ns| Some((super::arrival::instant_of(ns)?, ns))) {
+            Some((at, unix_ns)) if inner.sink.is_some() => Self { at, unix_ns },
+            _ => Self::now(inner),
+        }
+    }
 }
 
 /// Handles one request that hyper parsed (HTTP/2 ingress): reads its body within the limit,
