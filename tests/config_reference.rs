@@ -65,6 +65,13 @@ fn proxy_reference_table_lists_exactly_the_proxy_keys() {
         "admin.token",
         "admin.token_file",
         "upstream.ca_file",
+        "epp.inference_pool.name",
+        "epp.inference_pool.namespace",
+        "epp.inference_pool.api_server",
+        "epp.inference_pool.token_file",
+        "epp.inference_pool.ca_file",
+        "epp.inference_pool.max_pods",
+        "epp.inference_pool.max_event_bytes",
     ];
     for key in &accepted {
         assert!(

@@ -312,19 +312,21 @@ fn the_inference_pool_names_the_epp_service_whose_pods_run_agentrace_epp_on_its_
     let config = ProxyConfig::from_toml_str(str_at(&cm, &["data", "proxy.toml"]))
         .expect("the picker's proxy.toml must load");
     config.validate().unwrap();
-    agentrace::epp::check_endpoints(&config).expect("every backend is an http://IP:PORT endpoint");
+    agentrace::epp::check_source(&config).expect("endpoints from one source");
     assert_eq!(
         container_port("admin"),
         u64::from(config.admin.listen.port())
     );
-    let target = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
-    for b in &config.backends {
-        assert!(
-            b.url.ends_with(&format!(":{target}")),
-            "{} is on the pool's target port",
-            b.url
-        );
-    }
+    let watched = config
+        .epp
+        .inference_pool
+        .as_ref()
+        .expect("the picker reads its endpoints from the InferencePool");
+    assert_eq!(watched.name, str_at(&pool, &["metadata", "name"]));
+    assert!(
+        pool["metadata"]["namespace"].is_null() && watched.namespace.is_none(),
+        "pool and picker in one namespace: the picker's own"
+    );
 }
 
 #[test]

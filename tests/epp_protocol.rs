@@ -287,3 +287,83 @@ async fn a_reload_swaps_the_endpoints_and_a_non_ip_endpoint_is_refused_naming_th
     );
     epp.stop().await;
 }
+
+/// A refused reload counts in `agentrace_config_reloads_total{result="refused"}` as the
+/// proxy's does, whether the file does not load (SIGHUP to the binary) or an endpoint is
+/// refused by the picker.
+#[tokio::test]
+async fn a_refused_reload_counts_as_refused_in_the_reload_metric() {
+    let (_b, list) = endpoints(1).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let mut bad = fixture::config(&list);
+    bad.backends[0].url = "http://model-server.local:8000".into();
+    assert!(epp.handle.reload(bad).is_err());
+    let metrics = epp.metrics().await;
+    assert!(
+        metrics.contains("agentrace_config_reloads_total{result=\"refused\"} 1"),
+        "{metrics}"
+    );
+    epp.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epp.toml");
+    let good = format!(
+        "[[backends]]\nname = \"e0\"\nurl = \"http://{}\"\n",
+        list[0].1
+    );
+    std::fs::write(&path, &good).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args([
+            "epp",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(child.stdout.take().unwrap()));
+    let line = tokio::time::timeout(std::time::Duration::from_secs(30), stdout.next_line())
+        .await
+        .expect("announced within 30 s")
+        .unwrap()
+        .expect("an announcement");
+    // "agentrace epp listening on ADDR (admin ADMIN)"
+    let admin: SocketAddr = line
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or_else(|e| panic!("{line}: {e}"));
+    std::fs::write(&path, "backends = 3\n").unwrap();
+    let pid = child.id().unwrap() as libc::pid_t;
+    // SAFETY: signalling the child this test started, by its PID.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let reply = support::sim::get(admin, "/metrics").await;
+        let metrics = String::from_utf8(reply.body().to_vec()).unwrap();
+        if metrics.contains("agentrace_config_reloads_total{result=\"refused\"} 1") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refused SIGHUP reload was not counted: {metrics}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

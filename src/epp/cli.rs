@@ -17,7 +17,8 @@ pub struct EppArgs {
     #[arg(long, default_value = "127.0.0.1:9002")]
     pub listen: SocketAddr,
     /// TOML config file, the proxy's (see config/proxy.toml): `backends` are the endpoints,
-    /// `http://IP:PORT` each. SIGHUP re-reads it.
+    /// `http://IP:PORT` each, or `[epp.inference_pool]` names a pool whose pods are. SIGHUP
+    /// re-reads it.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
     /// Admin/metrics listen address (overrides the file).
@@ -37,6 +38,7 @@ fn config_of(args: &EppArgs) -> anyhow::Result<ProxyConfig> {
         policy: None,
         capture: None,
     })?;
+    super::check_source(&config)?;
     super::check_endpoints(&config)?;
     Ok(config)
 }
@@ -77,7 +79,14 @@ fn reload(args: &EppArgs, handle: &super::EppHandle) {
         tracing::warn!("SIGHUP ignored: no --config file to reload");
         return;
     }
-    let result = config_of(args).and_then(|c| handle.reload(c).map_err(anyhow::Error::from));
+    let result = match config_of(args) {
+        Ok(config) => handle.reload(config).map_err(anyhow::Error::from),
+        Err(e) => {
+            // Counted as the proxy counts a file it could not use.
+            handle.note_refused_reload();
+            Err(e)
+        }
+    };
     match result {
         Ok(()) => tracing::info!(endpoints = ?handle.endpoints(), "configuration reloaded"),
         Err(e) => {

@@ -5,10 +5,14 @@
 //!
 //! Stages: `exchange` (one ext_proc stream: headers, held body, placement, served endpoint) →
 //! `reply` (the messages sent back); `cli` loads the configuration and reloads it on SIGHUP.
-//! The admin port (metrics, sessions, drain) is the proxy's.
+//! The endpoints are the config's `backends`, or the pods of an `InferencePool` followed by
+//! `pool_watch` over `kube` (a small Kubernetes API client). The admin port (metrics,
+//! sessions, drain) is the proxy's.
 
 pub mod cli;
 mod exchange;
+mod kube;
+mod pool_watch;
 mod reply;
 
 use std::net::SocketAddr;
@@ -24,6 +28,9 @@ use futures_util::Stream;
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status, Streaming};
 
+use parking_lot::Mutex;
+
+use crate::proxy::config::BackendConfig;
 use crate::proxy::{start_placement, Inner, Placement, ProxyConfig, ProxyError};
 use crate::shutdown::Shutdown;
 
@@ -54,6 +61,9 @@ pub enum EppError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// `epp.inference_pool` cannot be used, or cannot change without a restart.
+    #[error("config: {0}")]
+    InferencePool(String),
     /// The gRPC listener could not be bound.
     #[error("cannot listen on {addr} (epp listener): {source}")]
     Bind {
@@ -69,10 +79,20 @@ impl EppError {
     pub fn is_config(&self) -> bool {
         match self {
             EppError::Proxy(e) => e.is_config(),
-            EppError::Endpoint { .. } => true,
+            EppError::Endpoint { .. } | EppError::InferencePool(_) => true,
             EppError::Bind { .. } => false,
         }
     }
+}
+
+/// The endpoints come from one place: `backends`, or the pods of `epp.inference_pool`.
+pub fn check_source(config: &ProxyConfig) -> Result<(), EppError> {
+    if config.epp.inference_pool.is_some() && !config.backends.is_empty() {
+        return Err(EppError::InferencePool(
+            "backends: must be empty when epp.inference_pool is set (the endpoints are the pool's pods)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Every backend must be an endpoint the gateway can connect to: `http://IP:PORT`, no path.
@@ -147,19 +167,65 @@ pub struct EppHandle {
     pub addr: SocketAddr,
     /// The admin listener (`/metrics`, `/admin/*`), as the proxy's.
     pub admin_addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: JoinHandle<()>,
+    watcher: Option<JoinHandle<()>>,
+}
+
+/// What the handle, SIGHUP reloads and the pool watch share.
+struct Shared {
     picker: Arc<Picker>,
     placement: Placement,
-    server: JoinHandle<()>,
+    /// The configuration as loaded (no `backends` when they come from a pool) and the pool's
+    /// current endpoints; one lock so a reload and a pod change never interleave.
+    running: Mutex<Running>,
+}
+
+struct Running {
+    file: ProxyConfig,
+    pods: Vec<BackendConfig>,
+}
+
+impl Running {
+    /// The configuration placement runs on: the file's, with the pool's pods as backends.
+    fn effective(&self) -> ProxyConfig {
+        let mut config = self.file.clone();
+        if config.epp.inference_pool.is_some() {
+            config.backends = self.pods.clone();
+        }
+        config
+    }
+}
+
+impl Shared {
+    /// Applies the pool's new endpoint set as a reload would, without counting a reload.
+    fn apply_pods(&self, pods: Vec<BackendConfig>) {
+        let mut running = self.running.lock();
+        let previous = std::mem::replace(&mut running.pods, pods);
+        if let Err(e) = self.placement.apply_endpoints(running.effective()) {
+            tracing::error!(error = %e, "InferencePool endpoints refused; keeping the previous ones");
+            running.pods = previous;
+        }
+    }
 }
 
 /// Binds `listen` and starts serving ext_proc and gRPC health, placing over `config`'s
-/// backends; stops when `shutdown` fires.
+/// backends, or over the pods of `epp.inference_pool`; stops when `shutdown` fires.
 pub async fn start(
     listen: SocketAddr,
     config: ProxyConfig,
     mut shutdown: Shutdown,
 ) -> Result<EppHandle, EppError> {
+    check_source(&config)?;
     check_endpoints(&config)?;
+    config.validate().map_err(ProxyError::from)?;
+    let target = config
+        .epp
+        .inference_pool
+        .as_ref()
+        .map(pool_watch::Target::resolve)
+        .transpose()
+        .map_err(EppError::InferencePool)?;
     let shed = config.epp.shed_in_flight;
     let tcp = tokio::net::TcpListener::bind(listen)
         .await
@@ -171,10 +237,32 @@ pub async fn start(
         addr: listen,
         source,
     })?;
-    let placement = start_placement(config, shutdown.clone()).await?;
+    let placement = start_placement(config.clone(), shutdown.clone()).await?;
     let picker = Arc::new(Picker {
         inner: placement.inner.clone(),
         shed_in_flight: AtomicU64::new(shed),
+    });
+    let admin_addr = placement.admin_addr;
+    let shared = Arc::new(Shared {
+        picker: picker.clone(),
+        placement,
+        running: Mutex::new(Running {
+            file: config,
+            pods: Vec::new(),
+        }),
+    });
+    let watcher = target.map(|target| {
+        tracing::info!(pool = %target.config.name, namespace = %target.namespace, "endpoints from an InferencePool");
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(pool_watch::run(
+            target,
+            move |pods| {
+                if let Some(shared) = weak.upgrade() {
+                    shared.apply_pods(pods);
+                }
+            },
+            shutdown.clone(),
+        ))
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
@@ -182,7 +270,7 @@ pub async fn start(
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
     }
-    let service = ExternalProcessorServer::new(Service(picker.clone()));
+    let service = ExternalProcessorServer::new(Service(picker));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);
     let server = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
@@ -194,30 +282,60 @@ pub async fn start(
             tracing::error!(error = %e, "epp gRPC server failed");
         }
     });
-    tracing::info!(%addr, admin_addr = %placement.admin_addr, "epp listening");
+    tracing::info!(%addr, %admin_addr, "epp listening");
     Ok(EppHandle {
         addr,
-        admin_addr: placement.admin_addr,
-        picker,
-        placement,
+        admin_addr,
+        shared,
         server,
+        watcher,
     })
 }
 
 impl EppHandle {
-    /// Applies a new configuration's endpoints and settings; an invalid one is refused and
-    /// the running one stays.
+    /// Applies a new configuration's endpoints and settings; an invalid one is refused (and
+    /// counted in `agentrace_config_reloads_total{result="refused"}`) and the running one
+    /// stays. With `epp.inference_pool`, the pool's current pods stay the endpoints; the pool
+    /// itself changes only with a restart.
     pub fn reload(&self, config: ProxyConfig) -> Result<(), EppError> {
-        check_endpoints(&config)?;
+        let mut running = self.shared.running.lock();
+        let checked = check_source(&config)
+            .and_then(|()| check_endpoints(&config))
+            .and_then(|()| {
+                if config.epp.inference_pool != running.file.epp.inference_pool {
+                    return Err(EppError::InferencePool(
+                        "epp.inference_pool: changes need a restart".into(),
+                    ));
+                }
+                Ok(())
+            });
+        if let Err(e) = checked {
+            self.shared.placement.note_refused_reload();
+            return Err(e);
+        }
         let shed = config.epp.shed_in_flight;
-        self.placement.reload(config)?;
-        self.picker.shed_in_flight.store(shed, Ordering::Relaxed);
+        let previous = std::mem::replace(&mut running.file, config);
+        if let Err(e) = self.shared.placement.reload(running.effective()) {
+            running.file = previous;
+            return Err(e.into());
+        }
+        self.shared
+            .picker
+            .shed_in_flight
+            .store(shed, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Counts a reload refused before it reached [`EppHandle::reload`] (unreadable or
+    /// invalid file).
+    pub fn note_refused_reload(&self) {
+        self.shared.placement.note_refused_reload();
     }
 
     /// The endpoints currently in the pool, as `ip:port`.
     pub fn endpoints(&self) -> Vec<String> {
-        self.picker
+        self.shared
+            .picker
             .inner
             .router()
             .pool()
@@ -238,6 +356,15 @@ impl EppHandle {
             tracing::warn!("epp streams still open after the shutdown grace: closing them");
             self.server.abort();
         }
-        self.placement.join().await;
+        if let Some(watcher) = self.watcher {
+            let _ = watcher.await;
+        }
+        // The watcher held a weak reference only; the streams' pickers are the router's.
+        match Arc::try_unwrap(self.shared) {
+            Ok(shared) => shared.placement.join().await,
+            Err(_) => {
+                tracing::warn!("epp state still shared at shutdown; not waiting for its side tasks")
+            }
+        }
     }
 }

@@ -62,13 +62,65 @@ pub struct ProxyConfig {
 }
 
 /// Settings only the endpoint picker reads; its endpoints are `backends`, whose URLs must then
-/// be `http://IP:PORT` (what the gateway connects to).
+/// be `http://IP:PORT` (what the gateway connects to), or the pods of `inference_pool`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EppConfig {
     /// A request is shed (`429`) when every endpoint it may go to already has this many
     /// requests in flight through the picker (0: never shed).
     pub shed_in_flight: u64,
+    /// Endpoints from a Kubernetes `InferencePool` instead of `backends` (which must then be
+    /// empty): the ready pods its selector matches, at each of its target ports.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inference_pool: Option<InferencePoolConfig>,
+}
+
+/// Where the picker reads its `InferencePool` and the pods it selects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferencePoolConfig {
+    /// The `InferencePool`'s name (`inference.networking.k8s.io/v1`).
+    pub name: String,
+    /// Its namespace; absent: the pod's own, from the service account's `namespace` file.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The API server, `https://host:port` (or `http://` on a loopback address, for tests and
+    /// `kubectl proxy`); absent: `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
+    #[serde(default)]
+    pub api_server: Option<String>,
+    /// Bearer token, re-read at every (re)connection so a rotated token is picked up. The
+    /// service account's by default; a missing file is an error over https only.
+    #[serde(default = "default_sa_token")]
+    pub token_file: PathBuf,
+    /// CA bundle that verifies an https API server. The service account's by default.
+    #[serde(default = "default_sa_ca")]
+    pub ca_file: PathBuf,
+    /// Most pods the selector may match; a list or watch beyond it is an error (retried), so
+    /// memory stays bounded.
+    #[serde(default = "default_max_pods")]
+    pub max_pods: usize,
+    /// Longest watch event (one JSON line) or pool object accepted, bytes.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: usize,
+}
+
+/// The service account's files, mounted into every pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn default_sa_token() -> PathBuf {
+    Path::new(SERVICE_ACCOUNT_DIR).join("token")
+}
+
+fn default_sa_ca() -> PathBuf {
+    Path::new(SERVICE_ACCOUNT_DIR).join("ca.crt")
+}
+
+fn default_max_pods() -> usize {
+    10_000
+}
+
+fn default_max_event_bytes() -> usize {
+    1024 * 1024
 }
 
 /// Ingress TLS: PEM certificate chain and private key.
@@ -525,6 +577,7 @@ impl ProxyConfig {
         self.validate_affinity()?;
         self.validate_health()?;
         self.validate_backends()?;
+        self.validate_inference_pool()?;
         self.capture.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
@@ -609,7 +662,8 @@ impl ProxyConfig {
 
     fn validate_backends(&self) -> Result<(), ConfigError> {
         let bad = |msg: String| Err(ConfigError::Invalid(msg));
-        if self.backends.is_empty() {
+        // The picker's pod endpoints may be none for a while (no pod ready yet).
+        if self.backends.is_empty() && self.epp.inference_pool.is_none() {
             return bad("backends: at least one backend is required, got none".into());
         }
         let mut names = std::collections::HashSet::new();
@@ -634,6 +688,99 @@ impl ProxyConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl ProxyConfig {
+    fn validate_inference_pool(&self) -> Result<(), ConfigError> {
+        let Some(p) = &self.epp.inference_pool else {
+            return Ok(());
+        };
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        // Kubernetes object names: DNS subdomains (RFC 1123), at most 253 characters.
+        let dns_name = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+        };
+        if !dns_name(&p.name) {
+            return bad(format!(
+                "epp.inference_pool.name: must be a Kubernetes object name (lower-case letters, digits, '-', '.'), got {:?}",
+                p.name
+            ));
+        }
+        if let Some(ns) = &p.namespace {
+            if !dns_name(ns) || ns.contains('.') || ns.len() > 63 {
+                return bad(format!(
+                    "epp.inference_pool.namespace: must be a namespace name (lower-case letters, digits, '-'), got {ns:?}"
+                ));
+            }
+        }
+        if let Some(url) = &p.api_server {
+            if let Err(why) = ApiServerUrl::parse(url) {
+                return bad(format!("epp.inference_pool.api_server: {why}, got {url:?}"));
+            }
+        }
+        if p.max_pods == 0 || p.max_pods > 100_000 {
+            return bad(format!(
+                "epp.inference_pool.max_pods: must be 1 to 100000, got {}",
+                p.max_pods
+            ));
+        }
+        if !(4096..=64 * 1024 * 1024).contains(&p.max_event_bytes) {
+            return bad(format!(
+                "epp.inference_pool.max_event_bytes: must be 4096 to 67108864, got {}",
+                p.max_event_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A Kubernetes API server address: `https://host[:port]`, or `http://` on a loopback IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiServerUrl {
+    /// True for `https`.
+    pub tls: bool,
+    /// Host name or IP, as the certificate must name it.
+    pub host: String,
+    /// The port (443 when absent from an https URL).
+    pub port: u16,
+}
+
+impl ApiServerUrl {
+    /// Parses the URL; the error says what is wrong.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("not a valid URL ({e})"))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err("must start with https:// (or http:// on a loopback address)".into()),
+        };
+        let authority = uri.authority().ok_or("no host")?;
+        if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
+            return Err("must have no path or query".into());
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        if !tls
+            && !host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+        {
+            return Err("plain http is allowed on a loopback IP address only".into());
+        }
+        Ok(Self {
+            tls,
+            host: host.to_string(),
+            port,
+        })
     }
 }
 

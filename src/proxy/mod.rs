@@ -199,6 +199,18 @@ impl Placement {
         result
     }
 
+    /// Counts a reload refused before it reached [`Placement::reload`] (unreadable file, an
+    /// endpoint the picker cannot use).
+    pub fn note_refused_reload(&self) {
+        self.inner.metrics.reload(false);
+    }
+
+    /// Applies `config` as [`Placement::reload`] does, without counting a configuration
+    /// reload: the picker's endpoint set changed (pods of its `InferencePool`).
+    pub fn apply_endpoints(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+        self.inner.reload(config)
+    }
+
     /// Resolves once the side tasks have stopped (after `shutdown` fired).
     pub async fn join(self) {
         for t in self.tasks {
@@ -285,6 +297,7 @@ async fn start_inner(
 ) -> Result<ProxyHandle, ProxyError> {
     // Validate before touching the file system, then again to check the token it held.
     config.validate()?;
+    require_backends(&config)?;
     config.resolve_token_file()?;
     config.validate()?;
     let tls = config
@@ -342,6 +355,18 @@ async fn start_inner(
         listener,
         side_tasks,
     })
+}
+
+/// The proxy forwards to `backends` only: `epp.inference_pool`, which lets the list be empty,
+/// is read by `agentrace epp`.
+fn require_backends(config: &ProxyConfig) -> Result<(), ProxyError> {
+    if config.backends.is_empty() {
+        return Err(ConfigError::Invalid(
+            "backends: at least one backend is required (epp.inference_pool is read by agentrace epp only), got none".into(),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// A listening socket on `addr` whose accept queue holds `backlog` connections (tokio's and
@@ -439,7 +464,7 @@ impl ProxyHandle {
     /// Applies a new configuration's backends and affinity settings without dropping traffic;
     /// an invalid one is refused and the running one stays.
     pub fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
-        let result = self.inner.reload(config);
+        let result = require_backends(&config).and_then(|()| self.inner.reload(config));
         self.inner.metrics.reload(result.is_ok());
         result
     }

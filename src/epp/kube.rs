@@ -1,0 +1,421 @@
+//! A small Kubernetes API client for the pool watch: one HTTP/1.1 connection per request
+//! (hyper over rustls, verified with the service account's CA), a bearer token re-read at each
+//! request, JSON bodies read up to a bound, and watch streams split into one event per line.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::proxy::config::ApiServerUrl;
+
+/// How long connecting (TCP and TLS) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a GET or list page may take, head and body.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The API server ends a watch after this long (`timeoutSeconds`); it is then reopened.
+pub(crate) const WATCH_SECONDS: u64 = 290;
+/// A watch silent for this long (no event, no bookmark) is taken as dead.
+const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS + 60);
+/// The largest token file read.
+const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+
+/// Why a request to the API server failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KubeError {
+    /// TCP or TLS connection failed or timed out.
+    #[error("cannot connect to the API server {server}: {reason}")]
+    Connect { server: String, reason: String },
+    /// The CA file could not be used.
+    #[error("epp.inference_pool.ca_file {}: {reason}", path.display())]
+    Ca { path: PathBuf, reason: String },
+    /// The token file could not be read.
+    #[error("epp.inference_pool.token_file {}: {reason}", path.display())]
+    Token { path: PathBuf, reason: String },
+    /// The HTTP exchange failed midway.
+    #[error("{what}: HTTP error: {reason}")]
+    Http { what: String, reason: String },
+    /// The API server answered with an error status.
+    #[error("{what}: HTTP {status}: {message}")]
+    Status {
+        what: String,
+        status: u16,
+        message: String,
+    },
+    /// A body or a watch line exceeded its bound.
+    #[error("{what}: longer than {limit} bytes")]
+    TooLong { what: String, limit: usize },
+    /// A body or a watch line is not the JSON expected.
+    #[error("{what}: not a valid object: {reason}")]
+    Json { what: String, reason: String },
+    /// Nothing arrived in time.
+    #[error("{what}: no answer within {0:?}", after)]
+    Timeout { what: String, after: Duration },
+}
+
+impl KubeError {
+    /// `410 Gone`: the resource version is too old; list again.
+    pub(crate) fn is_gone(&self) -> bool {
+        matches!(self, KubeError::Status { status: 410, .. })
+    }
+}
+
+/// Where the API server is and how to authenticate to it.
+pub(crate) struct ApiClient {
+    server: ApiServerUrl,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+    token_file: PathBuf,
+    max_event_bytes: usize,
+}
+
+impl ApiClient {
+    /// A client for `server`; for https the CA file is read now (so a rotated CA is picked up
+    /// by the next client).
+    pub(crate) fn new(
+        server: ApiServerUrl,
+        ca_file: &Path,
+        token_file: &Path,
+        max_event_bytes: usize,
+    ) -> Result<Self, KubeError> {
+        let tls = if server.tls {
+            let name =
+                rustls::pki_types::ServerName::try_from(server.host.clone()).map_err(|e| {
+                    KubeError::Connect {
+                        server: server.host.clone(),
+                        reason: format!("not a TLS server name: {e}"),
+                    }
+                })?;
+            Some((tls_connector(ca_file)?, name))
+        } else {
+            None
+        };
+        Ok(Self {
+            server,
+            tls,
+            token_file: token_file.to_path_buf(),
+            max_event_bytes,
+        })
+    }
+
+    fn display(&self) -> String {
+        let scheme = if self.server.tls { "https" } else { "http" };
+        let host = match self.server.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
+            _ => self.server.host.clone(),
+        };
+        format!("{scheme}://{host}:{}", self.server.port)
+    }
+
+    /// GETs `path` and parses its JSON body, read up to `limit` bytes.
+    pub(crate) async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        limit: usize,
+    ) -> Result<T, KubeError> {
+        let what = format!("GET {path}");
+        let work = async {
+            let body = self.send(path, &what).await?;
+            let mut bytes = Vec::new();
+            let mut body = body;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| http_err(&what, e))?;
+                if let Ok(data) = frame.into_data() {
+                    if bytes.len() + data.len() > limit {
+                        return Err(KubeError::TooLong { what, limit });
+                    }
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            serde_json::from_slice(&bytes).map_err(|e| KubeError::Json {
+                what: what.clone(),
+                reason: e.to_string(),
+            })
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
+            .await
+            .map_err(|_| KubeError::Timeout {
+                what: format!("GET {path}"),
+                after: REQUEST_TIMEOUT,
+            })?
+    }
+
+    /// Opens a watch (`path` has `watch=true`): its events, one per line.
+    pub(crate) async fn watch(&self, path: &str) -> Result<WatchStream, KubeError> {
+        let what = format!("watch {path}");
+        let body = tokio::time::timeout(REQUEST_TIMEOUT, self.send(path, &what))
+            .await
+            .map_err(|_| KubeError::Timeout {
+                what: what.clone(),
+                after: REQUEST_TIMEOUT,
+            })??;
+        Ok(WatchStream {
+            what,
+            body,
+            buf: Vec::new(),
+            limit: self.max_event_bytes,
+            deadline: Instant::now() + WATCH_IDLE,
+        })
+    }
+
+    /// Sends a GET and returns the body of a 2xx answer; other statuses are errors carrying
+    /// the API server's message.
+    async fn send(&self, path: &str, what: &str) -> Result<Incoming, KubeError> {
+        let token = self.token()?;
+        let server = self.display();
+        let connect_err = |reason: String| KubeError::Connect {
+            server: server.clone(),
+            reason,
+        };
+        let tcp = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio::net::TcpStream::connect((self.server.host.as_str(), self.server.port)),
+        )
+        .await
+        .map_err(|_| connect_err(format!("timed out after {CONNECT_TIMEOUT:?}")))?
+        .map_err(|e| connect_err(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let mut sender = match &self.tls {
+            Some((connector, name)) => {
+                let tls =
+                    tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
+                        .await
+                        .map_err(|_| {
+                            connect_err(format!("TLS timed out after {CONNECT_TIMEOUT:?}"))
+                        })?
+                        .map_err(|e| connect_err(format!("TLS: {e}")))?;
+                handshake(TokioIo::new(tls), what).await?
+            }
+            None => handshake(TokioIo::new(tcp), what).await?,
+        };
+        let mut request = http::Request::get(path)
+            .header(http::header::HOST, server.split("://").nth(1).unwrap_or(""))
+            .header(http::header::ACCEPT, "application/json");
+        if let Some(token) = token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| KubeError::Http {
+                what: what.to_string(),
+                reason: e.to_string(),
+            })?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| http_err(what, e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response.into_body());
+        }
+        // The API server's `Status` object says why; a few KiB of it is plenty.
+        let mut message = Vec::new();
+        let mut body = response.into_body();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                message.extend_from_slice(&data[..data.len().min(4096 - message.len().min(4096))]);
+            }
+            if message.len() >= 4096 {
+                break;
+            }
+        }
+        let message = serde_json::from_slice::<StatusObject>(&message)
+            .map(|s| s.message)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&message).trim().to_string());
+        Err(KubeError::Status {
+            what: what.to_string(),
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    /// The bearer token, re-read each time (kubelet rotates projected tokens). Over plain
+    /// http a missing file means no token.
+    fn token(&self) -> Result<Option<String>, KubeError> {
+        use std::io::Read as _;
+        let err = |reason: String| KubeError::Token {
+            path: self.token_file.clone(),
+            reason,
+        };
+        let file = match std::fs::File::open(&self.token_file) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.server.tls => {
+                return Ok(None)
+            }
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let mut text = String::new();
+        file.take(MAX_TOKEN_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| err(e.to_string()))?;
+        let token = text.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(err("not a token (empty, or not printable ASCII)".into()));
+        }
+        Ok(Some(token.to_string()))
+    }
+}
+
+async fn handshake<IO>(
+    io: IO,
+    what: &str,
+) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, KubeError>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| http_err(what, e))?;
+    // Ends when the response body is dropped or fully read.
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+fn http_err(what: &str, e: hyper::Error) -> KubeError {
+    KubeError::Http {
+        what: what.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// rustls (ring) trusting only the certificates in `ca_file`.
+fn tls_connector(ca_file: &Path) -> Result<tokio_rustls::TlsConnector, KubeError> {
+    let err = |reason: String| KubeError::Ca {
+        path: ca_file.to_path_buf(),
+        reason,
+    };
+    let pem = std::fs::read(ca_file).map_err(|e| err(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let cert = cert.map_err(|e| err(format!("not a PEM certificate bundle: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| err(format!("bad certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(err("no certificate in the file".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(format!("rustls: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// The API server's error object (`kind: Status`).
+#[derive(Debug, Deserialize)]
+pub(crate) struct StatusObject {
+    #[serde(default)]
+    pub code: u16,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// One watch event line: `{"type": ..., "object": {...}}`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct WatchEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub object: Box<serde_json::value::RawValue>,
+}
+
+/// An open watch: a stream of newline-delimited JSON events, each at most `limit` bytes.
+pub(crate) struct WatchStream {
+    what: String,
+    body: Incoming,
+    buf: Vec<u8>,
+    limit: usize,
+    /// When the watch counts as dead unless more bytes arrive.
+    deadline: Instant,
+}
+
+impl WatchStream {
+    /// The next event, or `None` when the API server ended the watch. Cancel-safe: bytes are
+    /// kept in the buffer between calls.
+    pub(crate) async fn next(&mut self) -> Result<Option<WatchEvent>, KubeError> {
+        loop {
+            if let Some(end) = memchr::memchr(b'\n', &self.buf) {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                let line = line.trim_ascii();
+                if line.is_empty() {
+                    continue;
+                }
+                if line.len() > self.limit {
+                    return Err(self.too_long());
+                }
+                return serde_json::from_slice(line)
+                    .map(Some)
+                    .map_err(|e| KubeError::Json {
+                        what: self.what.clone(),
+                        reason: e.to_string(),
+                    });
+            }
+            if self.buf.len() > self.limit {
+                return Err(self.too_long());
+            }
+            let frame = tokio::time::timeout_at(self.deadline, self.body.frame())
+                .await
+                .map_err(|_| KubeError::Timeout {
+                    what: self.what.clone(),
+                    after: WATCH_IDLE,
+                })?;
+            match frame {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(http_err(&self.what, e)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.deadline = Instant::now() + WATCH_IDLE;
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+
+    fn too_long(&self) -> KubeError {
+        KubeError::TooLong {
+            what: format!("{}: event", self.what),
+            limit: self.limit,
+        }
+    }
+}
+
+/// Percent-encodes a query parameter value (everything but RFC 3986 unreserved characters).
+pub(crate) fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_label_selector_is_encoded_for_a_query() {
+        assert_eq!(
+            encode("app.kubernetes.io/name=model-server,tier=a b"),
+            "app.kubernetes.io%2Fname%3Dmodel-server%2Ctier%3Da%20b"
+        );
+    }
+}

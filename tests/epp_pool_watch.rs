@@ -1,0 +1,505 @@
+//! The picker's endpoints from an `InferencePool`, against a real HTTP server on `127.0.0.1:0`
+//! playing the Kubernetes API: it serves the pool, pod lists with a resource version, and
+//! watch streams (newline-delimited JSON) that replay its event log from the version asked for
+//! and then carry every change the test makes. The picker is the real one, started in-process
+//! with `epp.inference_pool.api_server` pointing there, and asked over real gRPC.
+//!
+//! Checked: endpoints follow pods becoming ready, not ready and deleted; only current
+//! endpoints are placed; a `410 Gone` leads to a new list; a malformed or oversized watch line
+//! is an error the watch recovers from by listing again; a changed `targetPorts` moves every
+//! endpoint; the config refuses `backends` beside a pool and plain http to a non-loopback API
+//! server, naming the field.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentrace::proxy::config::{HealthConfig, InferencePoolConfig};
+use agentrace::proxy::ProxyConfig;
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use support::epp::{self as fixture, Stream, TestEpp};
+use tokio::sync::mpsc;
+
+const NS: &str = "models";
+const POOL: &str = "agentrace-models";
+const SELECTOR: &str = "app.kubernetes.io/name=model-server";
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// What the fake API server holds.
+struct State {
+    rv: u64,
+    pool: Value,
+    pods: std::collections::BTreeMap<String, Value>,
+    /// Pod watch events by resource version, replayed to a watch opened from an older one.
+    pod_log: Vec<(u64, String)>,
+    pool_log: Vec<(u64, String)>,
+    pod_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    pool_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+    pod_lists: usize,
+    /// Request paths, in order.
+    paths: Vec<String>,
+}
+
+/// A real HTTP server playing the Kubernetes API for one pool and its pods.
+#[derive(Clone)]
+struct FakeApi {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+fn pool_object(rv: u64, ports: &[u16]) -> Value {
+    json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": POOL, "namespace": NS, "resourceVersion": rv.to_string()},
+        "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "model-server"}},
+            "targetPorts": ports.iter().map(|p| json!({"number": p})).collect::<Vec<_>>(),
+            "endpointPickerRef": {"kind": "Service", "name": "agentrace-epp", "port": {"number": 9002}}}})
+}
+
+fn pod_object(name: &str, ip: &str, ready: bool, rv: u64) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": rv.to_string(),
+            "labels": {"app.kubernetes.io/name": "model-server"}},
+        "status": {"phase": "Running", "podIP": ip,
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+}
+
+impl FakeApi {
+    async fn start() -> FakeApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = FakeApi {
+            addr: listener.local_addr().unwrap(),
+            state: Arc::new(Mutex::new(State {
+                rv: 10,
+                pool: pool_object(10, &[8000]),
+                pods: Default::default(),
+                pod_log: Vec::new(),
+                pool_log: Vec::new(),
+                pod_watchers: Vec::new(),
+                pool_watchers: Vec::new(),
+                pod_lists: 0,
+                paths: Vec::new(),
+            })),
+        };
+        let server = api.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let api = server.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let api = api.clone();
+                        async move { Ok::<_, Infallible>(api.answer(req)) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        api
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn answer(&self, req: hyper::Request<Incoming>) -> hyper::Response<Body> {
+        let uri = req.uri().clone();
+        let path = uri.path();
+        let query = uri.query().unwrap_or("");
+        let param = |name: &str| {
+            query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .map(|v| v.to_string())
+        };
+        let mut s = self.state.lock().unwrap();
+        s.paths.push(uri.to_string());
+        let pools = format!("/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools");
+        let pods = format!("/api/v1/namespaces/{NS}/pods");
+        let watch = param("watch").as_deref() == Some("true");
+        let from: u64 = param("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if path == format!("{pools}/{POOL}") {
+            return json_reply(200, &s.pool);
+        }
+        if path == pools && watch {
+            let (tx, body) = stream_body();
+            for (_, line) in s.pool_log.iter().filter(|(rv, _)| *rv > from) {
+                let _ = tx.send(Bytes::from(line.clone()));
+            }
+            s.pool_watchers.push(tx);
+            return streaming(body);
+        }
+        if path == pods {
+            let expected = SELECTOR.replace('/', "%2F").replace('=', "%3D");
+            if param("labelSelector").as_deref() != Some(expected.as_str()) {
+                return json_reply(
+                    400,
+                    &json!({"kind": "Status", "code": 400, "message": "bad labelSelector"}),
+                );
+            }
+            if watch {
+                let (tx, body) = stream_body();
+                for (_, line) in s.pod_log.iter().filter(|(rv, _)| *rv > from) {
+                    let _ = tx.send(Bytes::from(line.clone()));
+                }
+                s.pod_watchers.push(tx);
+                return streaming(body);
+            }
+            s.pod_lists += 1;
+            let list = json!({"apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": s.rv.to_string()},
+                "items": s.pods.values().cloned().collect::<Vec<_>>()});
+            return json_reply(200, &list);
+        }
+        json_reply(
+            404,
+            &json!({"kind": "Status", "code": 404, "message": format!("no {path}")}),
+        )
+    }
+
+    /// A pod is created or changes; its watch event goes out.
+    fn pod(&self, name: &str, ip: &str, ready: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        let rv = s.rv;
+        let object = pod_object(name, ip, ready, rv);
+        let kind = if s.pods.contains_key(name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        s.pods.insert(name.to_string(), object.clone());
+        let line = format!("{}\n", json!({"type": kind, "object": object}));
+        s.pod_log.push((rv, line.clone()));
+        send(&mut s.pod_watchers, line);
+    }
+
+    fn delete(&self, name: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        let rv = s.rv;
+        let mut object = s.pods.remove(name).expect("the pod exists");
+        object["metadata"]["resourceVersion"] = rv.to_string().into();
+        let line = format!("{}\n", json!({"type": "DELETED", "object": object}));
+        s.pod_log.push((rv, line.clone()));
+        send(&mut s.pod_watchers, line);
+    }
+
+    /// The history is compacted: a pod vanished without an event any watch could replay, and
+    /// the open pod watches get `410 Gone` and are closed.
+    fn compact_and_expire(&self, vanished: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        s.pods.remove(vanished);
+        s.pod_log.clear();
+        let line = format!(
+            "{}\n",
+            json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "too old resource version", "reason": "Expired", "code": 410}})
+        );
+        send(&mut s.pod_watchers, line);
+        s.pod_watchers.clear();
+    }
+
+    /// Sends raw bytes on the open pod watches.
+    fn raw(&self, bytes: Vec<u8>) {
+        let mut s = self.state.lock().unwrap();
+        s.pod_watchers
+            .retain(|tx| tx.send(Bytes::from(bytes.clone())).is_ok());
+    }
+
+    fn set_ports(&self, ports: &[u16]) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        let rv = s.rv;
+        s.pool = pool_object(rv, ports);
+        let line = format!("{}\n", json!({"type": "MODIFIED", "object": s.pool}));
+        s.pool_log.push((rv, line.clone()));
+        send(&mut s.pool_watchers, line);
+    }
+
+    fn pod_lists(&self) -> usize {
+        self.state.lock().unwrap().pod_lists
+    }
+
+    fn open_pod_watches(&self) -> usize {
+        let mut s = self.state.lock().unwrap();
+        s.pod_watchers.retain(|tx| !tx.is_closed());
+        s.pod_watchers.len()
+    }
+}
+
+fn send(watchers: &mut Vec<mpsc::UnboundedSender<Bytes>>, line: String) {
+    watchers.retain(|tx| tx.send(Bytes::from(line.clone())).is_ok());
+}
+
+fn stream_body() -> (mpsc::UnboundedSender<Bytes>, mpsc::UnboundedReceiver<Bytes>) {
+    mpsc::unbounded_channel()
+}
+
+fn streaming(rx: mpsc::UnboundedReceiver<Bytes>) -> hyper::Response<Body> {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    hyper::Response::builder()
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap()
+}
+
+fn json_reply(status: u16, value: &Value) -> hyper::Response<Body> {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(value.to_string())).boxed())
+        .unwrap()
+}
+
+/// A picker over the fake API's pool; no active health probes (the pod IPs are not real).
+async fn picker(api: &FakeApi, max_event_bytes: usize) -> TestEpp {
+    let mut config = ProxyConfig::default();
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.health = HealthConfig {
+        interval_ms: 0,
+        ..HealthConfig::default()
+    };
+    config.epp.inference_pool = Some(InferencePoolConfig {
+        name: POOL.into(),
+        namespace: Some(NS.into()),
+        api_server: Some(api.url()),
+        token_file: "/nonexistent/token".into(),
+        ca_file: "/nonexistent/ca.crt".into(),
+        max_pods: 100,
+        max_event_bytes,
+    });
+    fixture::start(config).await
+}
+
+/// Waits (up to 10 s) until the picker's endpoints are `want`.
+async fn wait_endpoints(epp: &TestEpp, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got: BTreeSet<String> = epp.handle.endpoints().into_iter().collect();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "endpoints are {got:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The endpoints 24 sessions are placed on.
+async fn placements(epp: &TestEpp) -> BTreeSet<String> {
+    let body =
+        serde_json::to_vec(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .unwrap();
+    let mut seen = BTreeSet::new();
+    for s in 0..24 {
+        let mut stream = Stream::open(epp.addr()).await;
+        let picked = stream
+            .request(&[("x-session-id", &format!("s{s}"))], &body, None)
+            .await
+            .expect("placed");
+        seen.insert(picked);
+    }
+    seen
+}
+
+#[tokio::test]
+async fn endpoints_follow_pods_becoming_ready_not_ready_and_deleted_and_only_they_are_placed() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.pod("m-1", "10.0.0.11", false);
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+
+    api.pod("m-1", "10.0.0.11", true);
+    api.pod("m-2", "10.0.0.12", true);
+    wait_endpoints(
+        &epp,
+        &["10.0.0.10:8000", "10.0.0.11:8000", "10.0.0.12:8000"],
+    )
+    .await;
+    assert_eq!(
+        placements(&epp).await.len(),
+        3,
+        "24 sessions spread over the three ready pods"
+    );
+
+    api.delete("m-1");
+    api.pod("m-2", "10.0.0.12", false);
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    let picked = placements(&epp).await;
+    assert_eq!(
+        picked,
+        BTreeSet::from(["10.0.0.10:8000".to_string()]),
+        "a deleted or unready pod gets nothing"
+    );
+
+    api.delete("m-0");
+    wait_endpoints(&epp, &[]).await;
+    let mut stream = Stream::open(epp.addr()).await;
+    assert_eq!(
+        stream.request(&[("x-session-id", "s")], b"{}", None).await,
+        Err(503),
+        "no ready pod: 503"
+    );
+    assert_eq!(api.pod_lists(), 1, "one list, then the watch alone");
+    let metrics = epp.metrics().await;
+    assert!(
+        !metrics.contains("agentrace_config_reloads_total{result=\"ok\"} 1"),
+        "pod changes are not configuration reloads: {metrics}"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_410_gone_leads_to_a_fresh_list_and_the_watch_goes_on() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.pod("m-1", "10.0.0.11", true);
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.11:8000"]).await;
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+
+    // m-1 disappears in history no watch can replay: only a new list can show it.
+    api.compact_and_expire("m-1");
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    assert_eq!(api.pod_lists(), 2, "410 Gone: listed again");
+
+    wait_until("the pod watch is open again", || {
+        api.open_pod_watches() == 1
+    })
+    .await;
+    api.pod("m-2", "10.0.0.12", true);
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.12:8000"]).await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_or_oversized_watch_line_is_an_error_the_watch_recovers_from() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    let epp = picker(&api, 4096).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+
+    api.raw(b"{\"type\": \"ADDED\", \"object\": {\"metadata\": \n".to_vec());
+    wait_until("a new list after the malformed line", || {
+        api.pod_lists() == 2
+    })
+    .await;
+    wait_until("the pod watch is open again", || {
+        api.open_pod_watches() == 1
+    })
+    .await;
+    api.pod("m-1", "10.0.0.11", true);
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.11:8000"]).await;
+
+    // 64 KiB without a newline, against a 4 KiB bound: refused before it is all held.
+    api.raw(vec![b'x'; 64 * 1024]);
+    wait_until("a new list after the oversized line", || {
+        api.pod_lists() == 3
+    })
+    .await;
+    wait_until("the pod watch is open again", || {
+        api.open_pod_watches() == 1
+    })
+    .await;
+    api.delete("m-0");
+    wait_endpoints(&epp, &["10.0.0.11:8000"]).await;
+    assert_eq!(
+        placements(&epp).await,
+        BTreeSet::from(["10.0.0.11:8000".to_string()]),
+        "the picker still places, on the current endpoints only"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_target_port_moves_every_endpoint() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.pod("m-1", "10.0.0.11", true);
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.11:8000"]).await;
+    wait_until("the pool watch is open", || {
+        api.state
+            .lock()
+            .unwrap()
+            .pool_watchers
+            .iter()
+            .any(|t| !t.is_closed())
+    })
+    .await;
+    api.set_ports(&[8001, 8002]);
+    wait_endpoints(
+        &epp,
+        &[
+            "10.0.0.10:8001",
+            "10.0.0.10:8002",
+            "10.0.0.11:8001",
+            "10.0.0.11:8002",
+        ],
+    )
+    .await;
+    epp.stop().await;
+}
+
+#[test]
+fn a_pool_with_static_backends_or_plain_http_to_a_remote_api_server_is_refused_naming_the_field() {
+    let pool = "[epp.inference_pool]\nname = \"agentrace-models\"\nnamespace = \"models\"\n";
+    let both = format!("{pool}[[backends]]\nname = \"a\"\nurl = \"http://10.0.0.1:8000\"\n");
+    let config = ProxyConfig::from_toml_str(&both).unwrap();
+    let err = agentrace::epp::check_source(&config)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("backends: must be empty"), "{err}");
+
+    let remote = format!("{pool}api_server = \"http://10.1.2.3:6443\"\n");
+    let err = ProxyConfig::from_toml_str(&remote).unwrap_err().to_string();
+    assert!(err.contains("epp.inference_pool.api_server"), "{err}");
+    let bad_name = "[epp.inference_pool]\nname = \"Models_A\"\n";
+    let err = ProxyConfig::from_toml_str(bad_name)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("epp.inference_pool.name"), "{err}");
+    let unknown = format!("{pool}selector = \"x\"\n");
+    let err = ProxyConfig::from_toml_str(&unknown)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("selector"), "{err}");
+
+    // A pool alone is a valid picker config, and not one the proxy can forward with.
+    let config = ProxyConfig::from_toml_str(pool).unwrap();
+    assert!(config.backends.is_empty());
+}
