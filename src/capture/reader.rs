@@ -1,7 +1,7 @@
 //! Reads capture segments back: every complete record of a segment, even one whose writer was
 //! killed mid-frame (the cut is reported, not fatal), with request bodies rebuilt from their
 //! per-session deltas. The bases those deltas refer to are forgotten by the rule the writer
-//! followed ([`DeltaBases`]), so a segment reads within the bound its header records.
+//! followed (`bases::DeltaBases`), so a segment reads within the bound its header records.
 
 use bytes::Bytes;
 use std::fs::File;

@@ -67,8 +67,8 @@ impl HeldBody {
             .unwrap_or_else(|| Turn::of_parts(self.parts.iter().map(|p| &p[..])))
     }
 
-    /// Lets the body go (see [`free`]) and returns once its memory is freed, so the budget
-    /// charge that covers it is let go only after the memory.
+    /// Lets the body go (freed on a blocking thread when large) and returns once its memory
+    /// is freed, so the budget charge that covers it is let go only after the memory.
     pub async fn release(self) {
         let len = self.len;
         if let Some(freed) = free(self, len) {
@@ -209,7 +209,7 @@ impl BodyParts {
     }
 
     /// The body once `read` has gathered it all, or `read`'s error with the bytes gathered
-    /// so far let go (see [`free`]).
+    /// so far let go (freed on a blocking thread when large).
     pub fn finish_after<E>(self, read: Result<(), E>) -> Result<HeldBody, E> {
         match read {
             Ok(()) => Ok(self.finish()),
