@@ -97,17 +97,71 @@ struct TimedStream {
 
 impl tokio::io::AsyncRead for TimedStream {
     fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let poll = std::pin::Pin::new(&mut self.tcp).poll_read(cx, buf);
-        if matches!(poll, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.times.lock().unwrap().last_read = Some(Instant::now());
+        loop {
+            std::task::ready!(self.tcp.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match self.tcp.try_io(tokio::io::Interest::READABLE, || {
+                read_stamped(&self.tcp, unfilled)
+            }) {
+                Ok((n, stamp)) => {
+                    if n > 0 {
+                        // The kernel's receive time when it gave one: a client thread that
+                        // waits for a core before reading does not make the wait look shorter.
+                        let at = stamp.and_then(instant_of).unwrap_or_else(Instant::now);
+                        self.times.lock().unwrap().last_read = Some(at);
+                    }
+                    buf.advance(n);
+                    return std::task::Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return std::task::Poll::Ready(Err(e)),
+            }
         }
-        poll
     }
+}
+
+/// Reads what `tcp` holds into `into`, with the kernel's receive time of those bytes (ns since
+/// the Unix epoch) when the socket stamps them.
+fn read_stamped(
+    tcp: &tokio::net::TcpStream,
+    into: &mut [u8],
+) -> std::io::Result<(usize, Option<u128>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut iov = [std::io::IoSliceMut::new(into)];
+    let mut space = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    let msg = recvmsg::<()>(
+        tcp.as_fd().as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(std::io::Error::from)?;
+    let mut stamp = None;
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for cmsg in cmsgs {
+            if let ControlMessageOwned::ScmTimestampns(t) = cmsg {
+                if t.tv_sec() > 0 && t.tv_nsec() >= 0 {
+                    stamp = Some(t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128);
+                }
+            }
+        }
+    }
+    Ok((msg.bytes, stamp))
+}
+
+/// The monotonic instant of a wall-clock time at most a minute back.
+fn instant_of(unix_ns: u128) -> Option<Instant> {
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let wall_ns = wall.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    let age = u64::try_from(wall_ns.checked_sub(unix_ns)?).ok()?;
+    (age <= 60_000_000_000)
+        .then(|| now.checked_sub(Duration::from_nanos(age)))
+        .flatten()
 }
 
 impl tokio::io::AsyncWrite for TimedStream {
@@ -168,6 +222,9 @@ impl Replica {
         let url: http::Uri = url.parse().unwrap();
         let tcp = tokio::net::TcpStream::connect(url.authority().unwrap().as_str())
             .await
+            .unwrap();
+        // Every read says when the kernel received its bytes.
+        nix::sys::socket::setsockopt(&tcp, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
             .unwrap();
         let times = Arc::new(std::sync::Mutex::new(WireTimes::default()));
         let stream = TimedStream {
@@ -376,10 +433,10 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
             delays.push((s.session.clone(), got, *want));
         }
     }
-    // Both ends are wire times: the proxy stamps a response's end as it hands the last bytes
-    // on and a request's start with the kernel's receive time of its first byte (so a proxy
-    // thread waiting for a core does not stamp it late), the client its socket's last read and
-    // first write; only loopback and the client's own scheduling lie between them.
+    // Both ends are wire times: the proxy stamps a response's end once its connection wrote
+    // the last bytes and a request's start with the kernel's receive time of its first byte
+    // (so a proxy thread waiting for a core does not stamp it late), the client the kernel's
+    // receive time of its last read and its first write; only loopback lies between them.
     assert_eq!(delays.len(), 18);
     assert!(
         delays.iter().all(|d| (d.1 - d.2).abs() <= 0.005),

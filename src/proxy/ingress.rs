@@ -649,7 +649,10 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
                         self.out.extend_from_slice(http1::LAST_CHUNK);
                     }
                     return match self.write_out(deadline).await {
-                        Ok(()) => next,
+                        Ok(()) => {
+                            body.delivered(Instant::now());
+                            next
+                        }
                         Err(e) => write_failed(inner, &e),
                     };
                 }
@@ -698,6 +701,7 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
                 return write_failed(inner, &e);
             }
             if end {
+                body.delivered(Instant::now());
                 return next;
             }
         }
@@ -902,6 +906,110 @@ mod tests {
         assert!(
             at.windows(2).all(|w| w[0] < w[1]),
             "events out of order: {text}"
+        );
+    }
+
+    /// Notes when each exchange it sees ended.
+    struct EndTimes(Arc<parking_lot::Mutex<Vec<Instant>>>);
+
+    struct EndTime(Arc<parking_lot::Mutex<Vec<Instant>>>);
+
+    impl crate::tap::ExchangeSink for EndTimes {
+        fn start(&self, _: crate::tap::ExchangeStart) -> Box<dyn crate::tap::ExchangeObserver> {
+            Box::new(EndTime(self.0.clone()))
+        }
+    }
+
+    impl crate::tap::ExchangeObserver for EndTime {
+        fn response_head(&mut self, _: StatusCode, _: &http::HeaderMap, _: Instant) {}
+        fn response_frame(&mut self, _: &bytes::Bytes, _: Instant) {}
+        fn end(self: Box<Self>, _: crate::tap::ExchangeEnd, at: Instant) {
+            self.0.lock().push(at);
+        }
+    }
+
+    // A response ends when the client connection has written its last bytes, not when they
+    // were handed to it: a body that arrives whole while the client is not reading ends only
+    // once the client has taken it (the wait the recorder computes before the next turn starts
+    // there).
+    #[tokio::test]
+    async fn a_response_ends_when_its_last_bytes_are_written_not_when_handed_on() {
+        let body = "x".repeat(4096);
+        let backend = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        tokio::spawn(async move {
+            let (mut s, _) = backend.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !contains(&head, "\r\n\r\n") {
+                let mut buf = [0u8; 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the proxy closed before sending a head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer.as_bytes()).await.unwrap();
+            let _ = s.read(&mut [0u8; 64]).await;
+        });
+        let config = super::super::config::ProxyConfig::from_toml_str(&format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 1\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [health]\ninterval_ms = 0\n[[backends]]\nname = \"a\"\nurl = \"http://{backend_addr}\"\n"
+        ))
+        .unwrap();
+        let ends = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (_trigger, shutdown) = crate::shutdown::channel();
+        let proxy = super::super::start_with_sink(
+            config,
+            shutdown.clone(),
+            Arc::new(EndTimes(ends.clone())),
+        )
+        .await
+        .unwrap();
+        // Room for the head and a little of the body: the rest waits for the client.
+        let (mut client, proxy_side) = tokio::io::duplex(256);
+        let writes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let io = RecordingIo {
+            io: proxy_side,
+            writes,
+        };
+        let peer = "127.0.0.1:40000".parse().unwrap();
+        tokio::spawn(serve(
+            io,
+            BytesMut::new(),
+            proxy.inner.clone(),
+            Arc::new(ClientConn::new(peer, false, 0)),
+            shutdown,
+            Instant::now(),
+            None,
+        ));
+        client
+            .write_all(b"GET /v1/models HTTP/1.1\r\nhost: agentrace\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        read_until(&mut client, &mut got, "\r\n\r\n").await;
+        // The client takes a while before reading the body.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(ends.lock().is_empty(), "ended before the body was written");
+        let resumed = Instant::now();
+        read_until(&mut client, &mut got, &body).await;
+        // The end is reported once the last write completed, after the client read again.
+        let end = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(&end) = ends.lock().first() {
+                    return end;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the exchange ended");
+        assert!(
+            end >= resumed,
+            "ended {:?} before the client read the body",
+            resumed - end
         );
     }
 }

@@ -148,9 +148,6 @@ pub async fn serve(
             config.client.max_tls_handshakes,
         )
     };
-    if inner.sink.is_some() && !arrival::enable(&tcp) {
-        tracing::debug!("no kernel receive timestamps: requests are stamped when read");
-    }
     let tls = tls.map(|acceptor| TlsIngress {
         config: acceptor.config().clone(),
         permits: Arc::new(tokio::sync::Semaphore::new(max_tls_handshakes)),

@@ -229,7 +229,7 @@ pub(crate) async fn start_placement(
     config.validate()?;
     let probe_pool = probe_pool(&config)?;
     let addr = config.admin.listen;
-    let admin_tcp = listen(addr, 128).map_err(|source| ProxyError::Bind {
+    let admin_tcp = listen(addr, 128, false).map_err(|source| ProxyError::Bind {
         what: "admin listener",
         addr,
         source,
@@ -309,12 +309,20 @@ async fn start_inner(
     let workers = worker_count(&config);
     let worker_pools = worker_pools(&config, workers)?;
 
-    let bind = |what: &'static str, addr: SocketAddr, backlog: u32| {
-        listen(addr, backlog).map_err(|source| ProxyError::Bind { what, addr, source })
+    let bind = |what: &'static str, addr: SocketAddr, backlog: u32, stamp: bool| {
+        listen(addr, backlog, stamp).map_err(|source| ProxyError::Bind { what, addr, source })
     };
-    let tcp = bind("proxy listener", config.listen, config.listen_backlog)?;
+    // With a recorder on, the kernel stamps every client connection's arrivals, set before
+    // the socket listens: a connection accepted earlier would inherit no stamping.
+    let stamp = config.capture.enabled || sink.is_some();
+    let tcp = bind(
+        "proxy listener",
+        config.listen,
+        config.listen_backlog,
+        stamp,
+    )?;
     // Scrapes and admin calls come a few at a time.
-    let admin_tcp = bind("admin listener", config.admin.listen, 128)?;
+    let admin_tcp = bind("admin listener", config.admin.listen, 128, false)?;
     let local = |l: &tokio::net::TcpListener, what: &'static str, addr: SocketAddr| {
         l.local_addr()
             .map_err(|source| ProxyError::Bind { what, addr, source })
@@ -370,8 +378,8 @@ fn require_backends(config: &ProxyConfig) -> Result<(), ProxyError> {
 }
 
 /// A listening socket on `addr` whose accept queue holds `backlog` connections (tokio's and
-/// std's `bind` ask for 128).
-fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+/// std's `bind` ask for 128), whose connections' arrivals the kernel stamps if `stamp`.
+fn listen(addr: SocketAddr, backlog: u32, stamp: bool) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -380,6 +388,9 @@ fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpList
     // As `TcpListener::bind` does: a restarted proxy binds while old connections linger.
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
+    if stamp && !arrival::enable(&socket) {
+        tracing::debug!("no kernel receive timestamps: requests are stamped when read");
+    }
     socket.listen(backlog)
 }
 

@@ -105,6 +105,17 @@ pub enum ProxyBody {
     Local(Full<Bytes>),
 }
 
+impl ProxyBody {
+    /// The connection has written the body's last bytes at `at`: the exchange ends then.
+    pub fn delivered(&mut self, at: Instant) {
+        if let ProxyBody::Upstream(b) = self {
+            if let Some(mut ending) = b.ending.take() {
+                ending.finish_at(at);
+            }
+        }
+    }
+}
+
 impl HttpBody for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -578,6 +589,7 @@ async fn forward_held(
     }
     let empty = pending.is_none() && incoming.is_end_stream();
     let mut observed = ObservedBody {
+        ending: None,
         inner: incoming,
         pending,
         ended: false,
@@ -820,9 +832,45 @@ struct Exchange {
     at_event_boundary: bool,
 }
 
+/// An exchange whose last bytes were handed to the client connection: it ends when the
+/// connection has written them ([`ProxyBody::delivered`]), as the agent's wait before its next
+/// request starts there, not when this thread, which may then wait for a core, handed them on;
+/// dropped undelivered (a failed write, or the HTTP/2 path, which has no such hook), it ends
+/// as they were handed on.
+struct Ending {
+    exchange: Option<Exchange>,
+    end: Option<ExchangeEnd>,
+    handed_on: Instant,
+}
+
+impl Ending {
+    fn finish_at(&mut self, at: Instant) {
+        if let (Some(exchange), Some(end)) = (self.exchange.take(), self.end.take()) {
+            exchange.finish_at(end, at);
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.finish_at(self.handed_on);
+    }
+}
+
 impl Exchange {
-    fn finish(mut self, end: ExchangeEnd) {
-        let now = Instant::now();
+    fn handed_on(self, end: ExchangeEnd) -> Ending {
+        Ending {
+            exchange: Some(self),
+            end: Some(end),
+            handed_on: Instant::now(),
+        }
+    }
+
+    fn finish(self, end: ExchangeEnd) {
+        self.finish_at(end, Instant::now());
+    }
+
+    fn finish_at(mut self, end: ExchangeEnd, now: Instant) {
         BackendMetrics::observe(
             &self.backend.metrics.latency,
             now.duration_since(self.sent_at),
@@ -848,7 +896,8 @@ pin_project! {
     /// it (client gone) drops the upstream body, which closes that upstream connection and so
     /// cancels the request on the backend.
     pub struct ObservedBody {
-        // First, so that dropped early it ends the exchange before the connection closes.
+        // First, so that dropped early they end the exchange before the connection closes.
+        ending: Option<Ending>,
         exchange: Option<Exchange>,
         // A frame read ahead of the head (bodies of known length), forwarded first; also the
         // last frame while the observer is not ready for the end.
@@ -915,7 +964,7 @@ impl HttpBody for ObservedBody {
                 // (it never asks for the `None`), so the exchange ends here.
                 if this.inner.is_end_stream() {
                     if let Some(exchange) = this.exchange.take() {
-                        exchange.finish(ExchangeEnd::Complete);
+                        *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -928,7 +977,7 @@ impl HttpBody for ObservedBody {
                         exchange.sent_at.elapsed(),
                     );
                 }
-                exchange.finish(ExchangeEnd::Complete);
+                *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
                 Poll::Ready(None)
             }
             Some(Err(e)) => {
@@ -947,7 +996,7 @@ impl HttpBody for ObservedBody {
                     if let Some(observer) = exchange.observer.as_mut() {
                         observer.response_frame(&event, Instant::now());
                     }
-                    exchange.finish(ExchangeEnd::UpstreamError(cause));
+                    *this.ending = Some(exchange.handed_on(ExchangeEnd::UpstreamError(cause)));
                     Poll::Ready(Some(Ok(Frame::data(event))))
                 } else {
                     exchange.finish(ExchangeEnd::UpstreamError(cause));
