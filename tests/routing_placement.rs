@@ -1,8 +1,11 @@
-//! Where new sessions start, through a real proxy in front of a simulated cluster.
+//! Where sessions go, through a real proxy in front of a simulated cluster.
 //!
-//! Invariant: when hashing piles sessions onto one replica (hash luck), starting each new
+//! Invariants: when hashing piles sessions onto one replica (hash luck), starting each new
 //! session where the least active context is held keeps their prefixes cached, by a clear
-//! margin in prefix-cache hit rate over plain rendezvous hashing on the same keys and traffic.
+//! margin in prefix-cache hit rate over plain rendezvous hashing on the same keys and traffic;
+//! and when sessions that started together outgrow their replica, moving each whose cache the
+//! replica evicted (as the usage in its responses tells) to where less is held wins back a
+//! clear margin too.
 
 mod support;
 
@@ -13,7 +16,6 @@ use support::sim::{test_config, Sim};
 
 const REPLICAS: usize = 4;
 const SESSIONS: usize = 8;
-const TURNS: usize = 4;
 /// Pseudo-tokens each user message adds (4 bytes each, as the simulator counts).
 const TURN_TOKENS: usize = 300;
 
@@ -62,9 +64,9 @@ fn user_text(session: usize, turn: usize) -> String {
         .collect()
 }
 
-/// Runs every session turn by turn, interleaved (turn 1 of all, then turn 2, ...), and
+/// Runs every session for `turns` turns, interleaved (turn 1 of all, then turn 2, ...), and
 /// returns the share of prompt tokens the replicas served from their prefix caches.
-async fn cached_share(affinity: &str) -> f64 {
+async fn cached_share(affinity: &str, turns: usize) -> f64 {
     let mut config = test_config();
     config.time_scale = 0.001;
     // 3,200 tokens each: two sessions' full contexts fit, eight do not.
@@ -77,7 +79,7 @@ async fn cached_share(affinity: &str) -> f64 {
         .map(|_| vec![json!({"role": "system", "content": "You are a coding agent."})])
         .collect();
     let (mut prompt, mut cached) = (0u64, 0u64);
-    for turn in 0..TURNS {
+    for turn in 0..turns {
         for (s, key) in keys.iter().enumerate() {
             let messages = &mut conversations[s];
             messages.push(json!({"role": "user", "content": user_text(s, turn)}));
@@ -108,11 +110,24 @@ async fn cached_share(affinity: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_sessions_start_where_context_is_light_and_stay_cached() {
-    let hashed = cached_share("context_factor = 0\nchoices = 1").await;
-    let placed = cached_share("").await;
+    let hashed = cached_share("context_factor = 0\nchoices = 1\nlost_cache_share = 0", 4).await;
+    let placed = cached_share("lost_cache_share = 0", 4).await;
     println!("cached share of prompt tokens: plain hashing {hashed:.3}, placement {placed:.3}");
     assert!(
         placed >= hashed + 0.25,
         "placement {placed:.3} should beat plain hashing {hashed:.3} by 0.25"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_whose_cache_was_evicted_move_where_less_is_held() {
+    // Every session starts on the same replica (plain hashing, keys homed there): by the
+    // second turn their contexts outgrow it and it evicts them in turn.
+    let stay = cached_share("context_factor = 0\nchoices = 1\nlost_cache_share = 0", 6).await;
+    let moved = cached_share("context_factor = 0\nchoices = 1\nlost_cache_share = 0.5", 6).await;
+    println!("cached share of prompt tokens: staying {stay:.3}, moving lost caches {moved:.3}");
+    assert!(
+        moved >= stay + 0.2,
+        "moving lost caches {moved:.3} should beat staying {stay:.3} by 0.2"
     );
 }

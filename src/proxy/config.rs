@@ -280,6 +280,10 @@ pub struct AffinityConfig {
     pub choices: usize,
     /// A session counts in its backend's active context this long after its last request.
     pub active_secs: u64,
+    /// A continuing turn whose backend reports fewer than this share of the previous turn's
+    /// prompt tokens as cached has lost its cache there; the session's next turn moves to the
+    /// backend holding the least active context, if that holds less (0 turns this off).
+    pub lost_cache_share: f64,
 }
 
 /// Active checks with hysteresis, and passive ejection.
@@ -424,6 +428,7 @@ impl Default for AffinityConfig {
             context_factor: 1.1,
             choices: 3,
             active_secs: 20,
+            lost_cache_share: 0.5,
         }
     }
 }
@@ -624,6 +629,12 @@ impl ProxyConfig {
         }
         if a.active_secs == 0 {
             return bad("affinity.active_secs: must be > 0, got 0".into());
+        }
+        if !(0.0..=1.0).contains(&a.lost_cache_share) {
+            return bad(format!(
+                "affinity.lost_cache_share: must be 0 to 1, got {}",
+                a.lost_cache_share
+            ));
         }
         Ok(())
     }

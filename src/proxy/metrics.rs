@@ -146,11 +146,12 @@ impl ConnectionRefusal {
 }
 
 const SOURCES: [KeySource; 3] = [KeySource::Header, KeySource::Fingerprint, KeySource::None];
-const OUTCOMES: [Outcome; 7] = [
+const OUTCOMES: [Outcome; 8] = [
     Outcome::Hash,
     Outcome::Bound,
     Outcome::Spill,
     Outcome::Placed,
+    Outcome::Moved,
     Outcome::Failover,
     Outcome::LeastLoaded,
     Outcome::RoundRobin,

@@ -24,7 +24,8 @@ use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
 use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{
-    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
+    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, Pool, SessionId,
+    SessionKey, Turn, UsageScan,
 };
 use super::{Inner, ProxyError};
 use crate::http1::fields::{is_valid_host, put_quoted, text};
@@ -489,7 +490,7 @@ async fn forward_held(
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = Duration::ZERO;
 
-    let (backend, in_flight, response, sent_at) = loop {
+    let (backend, in_flight, response, sent_at, session) = loop {
         let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
             return refuse(
                 inner,
@@ -516,7 +517,7 @@ async fn forward_held(
             send: upstream_pool.send(&backend.url, request),
         };
         match attempt.await {
-            (Ok(resp), in_flight) => break (backend, in_flight, resp, sent_at),
+            (Ok(resp), in_flight) => break (backend, in_flight, resp, sent_at, decision.session),
             (Err(PoolError::Request(e)), _) => {
                 return refuse(inner, StatusCode::BAD_REQUEST, "invalid_request_error", &e);
             }
@@ -601,6 +602,7 @@ async fn forward_held(
             got_first_byte: false,
             sse,
             at_event_boundary: true,
+            cache: CacheReport::new(inner, &pool, session),
         }),
     };
     if empty {
@@ -830,6 +832,39 @@ struct Exchange {
     got_first_byte: bool,
     sse: bool,
     at_event_boundary: bool,
+    cache: Option<CacheReport>,
+}
+
+/// Reads a session's response for the usage its backend reports, and tells the session table
+/// whether that backend still held the session's cache.
+struct CacheReport {
+    scan: UsageScan,
+    session: SessionId,
+    lost_share: f64,
+    inner: Arc<Inner>,
+}
+
+impl CacheReport {
+    /// For a request the session table placed, when lost caches are judged.
+    fn new(inner: &Arc<Inner>, pool: &Pool, session: Option<SessionId>) -> Option<Self> {
+        let lost_share = pool.affinity.lost_cache_share;
+        (lost_share > 0.0).then_some(())?;
+        Some(Self {
+            scan: UsageScan::default(),
+            session: session?,
+            lost_share,
+            inner: inner.clone(),
+        })
+    }
+
+    fn report(self, backend: &Arc<Backend>) {
+        if let Some(usage) = self.scan.usage() {
+            self.inner
+                .router
+                .sessions
+                .report_cache(self.session, backend, usage, self.lost_share);
+        }
+    }
 }
 
 /// An exchange whose last bytes were handed to the client connection: it ends when the
@@ -875,6 +910,9 @@ impl Exchange {
             &self.backend.metrics.latency,
             now.duration_since(self.sent_at),
         );
+        if let (ExchangeEnd::Complete, Some(cache)) = (&end, self.cache.take()) {
+            cache.report(&self.backend);
+        }
         if let Some(observer) = self.observer.take() {
             observer.end(end, now);
         }
@@ -955,6 +993,9 @@ impl HttpBody for ObservedBody {
                     }
                     if exchange.sse && !data.is_empty() {
                         exchange.at_event_boundary = data.ends_with(b"\n\n");
+                    }
+                    if let Some(cache) = exchange.cache.as_mut() {
+                        cache.scan.feed(data);
                     }
                     if let Some(observer) = exchange.observer.as_mut() {
                         observer.response_frame(data, Instant::now());

@@ -22,6 +22,7 @@ mod key;
 mod table;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -39,7 +40,8 @@ pub use key::{
     conversation_fingerprint, fingerprint_applies, fingerprint_key, header_key, session_key,
     SessionKey, Turn, TurnScan,
 };
-pub use table::{SessionId, SessionTable, SessionView};
+pub use table::{Known, SessionId, SessionTable, SessionView};
+pub use usage::{CacheUsage, UsageScan};
 
 // ---------------------------------------------------------------------------------------------
 // Backends and the pool
@@ -170,6 +172,9 @@ pub struct AffinitySettings {
     /// ... on the backend holding the least active context among this many of its first
     /// rendezvous choices (1: the first choice always).
     pub choices: usize,
+    /// Below this share of the previous prompt served from cache, a session's cache counts as
+    /// lost on its backend (0: never judged).
+    pub lost_cache_share: f64,
 }
 
 impl AffinitySettings {
@@ -186,6 +191,7 @@ impl AffinitySettings {
             load_factor: c.load_factor,
             context_factor: c.context_factor,
             choices: c.choices,
+            lost_cache_share: c.lost_cache_share,
         }
     }
 }
@@ -261,6 +267,9 @@ pub enum Outcome {
     /// A new session's first choice held more than its bound of active context; another of its
     /// first `choices` backends, holding the least, took the session.
     Placed,
+    /// The session's backend had lost its cache (the usage it reported); the backend holding
+    /// the least active context took the session, as its next prefill is a full one anyway.
+    Moved,
     /// The first choice was unhealthy, draining, removed or failed; the next choice took it.
     Failover,
     /// No session key (or policy `least_loaded`): fewest requests in flight.
@@ -277,6 +286,7 @@ impl Outcome {
             Outcome::Bound => "bound",
             Outcome::Spill => "spill",
             Outcome::Placed => "placed",
+            Outcome::Moved => "moved",
             Outcome::Failover => "failover",
             Outcome::LeastLoaded => "least_loaded",
             Outcome::RoundRobin => "round_robin",
@@ -291,6 +301,8 @@ pub struct Decision {
     pub index: usize,
     /// Why.
     pub outcome: Outcome,
+    /// The session the table placed, when it did: what the response's usage reports on.
+    pub session: Option<SessionId>,
 }
 
 /// The router: the current pool, the session table and the round-robin cursor.
@@ -359,6 +371,7 @@ impl Router {
             .map(|index| Decision {
                 index,
                 outcome: Outcome::RoundRobin,
+                session: None,
             })
     }
 
@@ -377,6 +390,7 @@ impl Router {
             .map(|index| Decision {
                 index,
                 outcome: Outcome::LeastLoaded,
+                session: None,
             })
     }
 
@@ -391,23 +405,27 @@ impl Router {
         // The full ranking is needed only when the first choice will not do.
         let mut ranking: Option<Vec<usize>> = None;
         let id = self.sessions.id(key);
-        let known = self
-            .sessions
-            .get(id)
-            .and_then(|(backend, pinned)| pool.index_of(&backend).map(|i| (i, pinned)));
+        let known = self.sessions.get(id).and_then(|k| {
+            pool.index_of(&k.backend)
+                .map(|i| (i, k.pinned, k.cache_lost))
+        });
 
         // A known session stays where it is while that backend is healthy, even when draining:
         // draining only stops new sessions. An unpinned entry follows the hash (a backend added
         // since may have taken the key).
-        let sticky = known.filter(|&(i, pinned)| {
+        let sticky = known.filter(|&(i, pinned, _)| {
             (pinned || i == plain)
                 && pool.backends[i].healthy.load(Ordering::Relaxed)
                 && !tried.contains(&i)
         });
-        let (mut index, mut outcome) = match sticky {
-            Some((i, true)) => (i, Outcome::Bound),
-            Some((i, false)) => (i, Outcome::Hash),
-            None => {
+        let moved = sticky
+            .filter(|&(_, _, lost)| lost && tried.is_empty())
+            .and_then(|(i, _, _)| new_home(pool, i, key.turn.context_bytes));
+        let (mut index, mut outcome) = match (moved, sticky) {
+            (Some(i), _) => (i, Outcome::Moved),
+            (None, Some((i, true, _))) => (i, Outcome::Bound),
+            (None, Some((i, false, _))) => (i, Outcome::Hash),
+            (None, None) => {
                 let i = if Self::usable(pool, plain, tried) {
                     plain
                 } else {
@@ -468,8 +486,29 @@ impl Router {
                 key.turn.context_bytes,
             );
         }
-        Some(Decision { index, outcome })
+        Some(Decision {
+            index,
+            outcome,
+            session: Some(id),
+        })
     }
+}
+
+/// Where a session whose backend `from` lost its cache goes: the backend taking new sessions
+/// that holds the least active context per unit of weight, if it would hold less than `from`
+/// does now even with this session's `bytes` added; else nowhere (it stays).
+fn new_home(pool: &Pool, from: usize, bytes: u64) -> Option<usize> {
+    if pool.affinity.lost_cache_share <= 0.0 {
+        return None;
+    }
+    let (held, to) = pool
+        .backends
+        .iter()
+        .enumerate()
+        .filter(|&(i, b)| i != from && b.takes_new())
+        .map(|(i, b)| (b.held_per_weight() + bytes as f64 / b.weight, i))
+        .min_by(|a, b| a.0.total_cmp(&b.0))?;
+    (held < pool.backends[from].held_per_weight()).then_some(to)
 }
 
 /// Where a new session of `bytes` starts: its first choice (`ranked[0]`, usable) while that

@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::key::SessionKey;
+use super::usage::CacheUsage;
 use super::{Backend, Outcome};
 
 const SHARDS: usize = 16;
@@ -49,6 +50,22 @@ struct Entry {
     bytes: u64,
     /// Counted in its backend's active context (used within the active window).
     active: bool,
+    /// The prompt size its backend reported for its last request there (none yet since it
+    /// was placed there): what the next turn should find cached.
+    prompt_tokens: Option<u64>,
+    /// Its backend served a continuing turn mostly uncached: the cache is gone from there.
+    cache_lost: bool,
+}
+
+/// Where a known session is.
+#[derive(Debug, Clone)]
+pub struct Known {
+    /// The backend the table places it on.
+    pub backend: Arc<Backend>,
+    /// The placement overrides the plain hash.
+    pub pinned: bool,
+    /// That backend no longer holds the session's cache.
+    pub cache_lost: bool,
 }
 
 #[derive(Default)]
@@ -186,8 +203,8 @@ impl SessionTable {
         }
     }
 
-    /// The session's backend and whether it is bound, unless unknown or idle past the TTL.
-    pub fn get(&self, id: SessionId) -> Option<(Arc<Backend>, bool)> {
+    /// Where the session is, unless unknown or idle past the TTL.
+    pub fn get(&self, id: SessionId) -> Option<Known> {
         let (mut shard, _) = self.lock(id);
         let entry = shard.map.get(&id)?;
         if entry.last_used.elapsed() > self.ttl() {
@@ -195,7 +212,36 @@ impl SessionTable {
             self.evict(&mut shard, seq);
             return None;
         }
-        Some((entry.backend.clone(), entry.pinned))
+        Some(Known {
+            backend: entry.backend.clone(),
+            pinned: entry.pinned,
+            cache_lost: entry.cache_lost,
+        })
+    }
+
+    /// Learns from the usage `backend` reported for the session's request whether that
+    /// backend still held the session's cache: a continuing turn there with fewer than
+    /// `lost_share` of the previous turn's prompt tokens served from cache marks it lost (for
+    /// the next turn to move), while the first turn on a backend only sets the expectation.
+    /// Usage from a backend the session has since left is ignored.
+    pub fn report_cache(
+        &self,
+        id: SessionId,
+        backend: &Arc<Backend>,
+        usage: CacheUsage,
+        lost_share: f64,
+    ) {
+        let (mut shard, _) = self.lock(id);
+        let Some(e) = shard.map.get_mut(&id) else {
+            return;
+        };
+        if !Arc::ptr_eq(&e.backend, backend) {
+            return;
+        }
+        if let Some(previous) = e.prompt_tokens {
+            e.cache_lost = (usage.cached_tokens as f64) < lost_share * previous as f64;
+        }
+        e.prompt_tokens = Some(usage.prompt_tokens);
     }
 
     /// A read-only view for the admin API.
@@ -250,6 +296,8 @@ impl SessionTable {
                     e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
                     backend.sessions.fetch_add(1, Ordering::Relaxed);
                     e.backend = backend.clone();
+                    e.prompt_tokens = None;
+                    e.cache_lost = false;
                 }
                 if e.pinned != pinned {
                     self.bound
@@ -277,6 +325,8 @@ impl SessionTable {
                         last_used: now,
                         bytes,
                         active: true,
+                        prompt_tokens: None,
+                        cache_lost: false,
                     },
                 );
                 order.insert(seq, (id, now));

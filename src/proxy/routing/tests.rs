@@ -29,6 +29,7 @@ fn pool_of(names: &[&str], load_factor: f64) -> Pool {
             load_factor,
             context_factor: 0.0,
             choices: 1,
+            lost_cache_share: 0.5,
         },
         health: HealthConfig::default(),
     }
@@ -346,11 +347,14 @@ fn changing_max_sessions_keeps_entries_and_counts_true() {
             assert!(t.get(*k).is_some(), "{k:?} lost");
         }
         assert_eq!(t.len(), present.len());
-        let bound = present.iter().filter(|k| t.get(**k).unwrap().1).count();
+        let bound = present
+            .iter()
+            .filter(|k| t.get(**k).unwrap().pinned)
+            .count();
         assert_eq!(t.bound(), bound as u64);
         let on_a = present
             .iter()
-            .filter(|k| Arc::ptr_eq(&t.get(**k).unwrap().0, a));
+            .filter(|k| Arc::ptr_eq(&t.get(**k).unwrap().backend, a));
         assert_eq!(a.sessions.load(Ordering::Relaxed), on_a.count() as i64);
     };
     check(&keys);
@@ -605,4 +609,88 @@ fn idle_sessions_stop_counting_as_held() {
     while Instant::now() == before {}
     t.sweep();
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
+fn usage(prompt_tokens: u64, cached_tokens: u64) -> CacheUsage {
+    CacheUsage {
+        prompt_tokens,
+        cached_tokens,
+    }
+}
+
+/// A session whose backend reports a continuing turn mostly uncached moves, on its next turn,
+/// to the backend holding the least active context, and stays there (bound); the first turn on
+/// a backend only sets what the next should find cached.
+#[test]
+fn a_session_whose_cache_was_lost_moves_to_the_backend_holding_least() {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "lost");
+    let id = id_of(&r.sessions, &key);
+    let home = pool.backends[0].clone();
+    pool.backends[0].hold(9_000);
+    pool.backends[1].hold(5_000);
+    pool.backends[2].hold(1_000);
+    let d = route_turn(&r, &key, FIRST_TURN);
+    assert_eq!(
+        (d.index, d.outcome, d.session),
+        (0, Outcome::Hash, Some(id))
+    );
+    // First turn there: nothing to compare with, whatever was cached.
+    r.sessions.report_cache(id, &home, usage(1_000, 0), 0.5);
+    assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
+    // Most of the previous prompt was served from cache: still there.
+    r.sessions.report_cache(id, &home, usage(2_000, 900), 0.5);
+    assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
+    // Less than half of the previous 2,000 tokens: lost.
+    r.sessions.report_cache(id, &home, usage(3_000, 999), 0.5);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (2, Outcome::Moved));
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (2, Outcome::Bound));
+}
+
+/// A lost cache moves a session only where less is held than where it is, only on its first
+/// attempt, never when judging is off, and usage from a backend it has left changes nothing.
+#[test]
+fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
+    let lose = |r: &Router, key: &str, at: &Arc<Backend>| {
+        let id = id_of(&r.sessions, key);
+        r.sessions.report_cache(id, at, usage(1_000, 1_000), 0.5);
+        r.sessions.report_cache(id, at, usage(2_000, 0), 0.5);
+    };
+    // Everyone else holds more: it stays.
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "stay");
+    route_turn(&r, &key, FIRST_TURN);
+    pool.backends[1].hold(50_000);
+    pool.backends[2].hold(50_000);
+    lose(&r, &key, &pool.backends[0]);
+    assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
+
+    // Usage from a backend the session is not on is ignored.
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "elsewhere");
+    route_turn(&r, &key, FIRST_TURN);
+    pool.backends[0].hold(50_000);
+    lose(&r, &key, &pool.backends[1]);
+    assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
+    // A retry after a failure fails over as before instead.
+    lose(&r, &key, &pool.backends[0]);
+    let k = SessionKey::new(key.clone(), KeySource::Header).with_turn(Turn::of_body(LATER_TURN));
+    let d = r.route(&pool, Some(&k), &[0], false).unwrap();
+    assert_eq!(d.outcome, Outcome::Failover);
+
+    // Judging off: never moves.
+    let mut off = pool_of(&["a", "b", "c"], 0.0);
+    off.affinity.lost_cache_share = 0.0;
+    let r = router(off);
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "off");
+    route_turn(&r, &key, FIRST_TURN);
+    pool.backends[0].hold(50_000);
+    lose(&r, &key, &pool.backends[0]);
+    assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
 }
