@@ -73,6 +73,17 @@ pub enum ProxyError {
     Internal(String),
 }
 
+impl From<crate::remote::TlsConfigError> for ProxyError {
+    fn from(e: crate::remote::TlsConfigError) -> Self {
+        match e {
+            crate::remote::TlsConfigError::CaFile { path, reason } => {
+                ProxyError::Tls { file: path, reason }
+            }
+            e @ crate::remote::TlsConfigError::Rustls(_) => ProxyError::Internal(e.to_string()),
+        }
+    }
+}
+
 impl ProxyError {
     /// True for errors in what the user supplied (exit code 2), as opposed to the environment.
     pub fn is_config(&self) -> bool {

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Method, Request, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -356,7 +356,7 @@ impl WorkerPool {
         http1::put_request_head(
             &mut conn.out,
             req.method,
-            &[&backend.base_path, req.path_and_query.as_str()],
+            &[&backend.server.path, req.path_and_query.as_str()],
             &backend.host,
             req.headers.pairs(),
             length,
@@ -438,18 +438,18 @@ impl WorkerPool {
         backend: &BackendUrl,
         req: &UpstreamRequest<'_>,
     ) -> Result<UpstreamResponse, PoolError> {
-        let path = if backend.base_path.is_empty() {
+        let path = if backend.server.path.is_empty() {
             req.path_and_query.clone()
         } else {
-            format!("{}{}", backend.base_path, req.path_and_query)
+            format!("{}{}", backend.server.path, req.path_and_query)
                 .parse()
                 .map_err(|e| PoolError::Request(format!("bad path: {e}")))?
         };
         let mut request = Request::new(req.body.clone());
         *request.method_mut() = req.method.clone();
         *request.uri_mut() = Uri::builder()
-            .scheme(backend.scheme.clone())
-            .authority(backend.authority.clone())
+            .scheme(backend.server.scheme())
+            .authority(backend.server.authority.clone())
             .path_and_query(path)
             .build()
             .map_err(|e| PoolError::Request(e.to_string()))?;
@@ -559,35 +559,31 @@ impl WorkerPool {
     /// Opens a connection (TLS with ALPN for `https`); an HTTP/2 one gets its task on this
     /// thread and is shared from then on.
     async fn connect(&self, key: &Key, backend: &BackendUrl) -> Result<Sender, PoolError> {
-        let https = backend.scheme == Scheme::HTTPS;
-        let host = backend.authority.host();
-        let port = backend
-            .authority
-            .port_u16()
-            .unwrap_or(if https { 443 } else { 80 });
-        let bare_host = host.trim_start_matches('[').trim_end_matches(']');
+        let server = &backend.server;
         let timeout_ms = self.connect_timeout.as_millis();
-        let tcp =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect((bare_host, port)))
-                .await
-            {
-                Ok(Ok(tcp)) => tcp,
-                Ok(Err(e)) => return Err(connect_error("tcp connect error", e)),
-                Err(_) => return Err(connect_timeout("tcp connect", timeout_ms)),
-            };
+        let tcp = match tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((server.host.as_str(), server.port)),
+        )
+        .await
+        {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(connect_error("tcp connect error", e)),
+            Err(_) => return Err(connect_timeout("tcp connect", timeout_ms)),
+        };
         let _ = tcp.set_nodelay(true);
-        if !https {
+        if !server.tls {
             return Ok(Sender::H1 {
                 conn: H1Conn::new(BackendStream::Plain(tcp)),
                 reused: false,
             });
         }
-        let name = rustls::pki_types::ServerName::try_from(bare_host.to_string()).map_err(|e| {
+        let name = server.server_name().map_err(|e| {
             connect_error(
                 "invalid TLS server name",
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
-                    format!("{bare_host:?} ({e})"),
+                    format!("{:?} ({e})", server.host),
                 ),
             )
         })?;
@@ -839,13 +835,7 @@ mod tests {
             .port();
         let backend = BackendUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
         let tls = TlsConnector::from(Arc::new(
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth(),
+            crate::remote::client_config(crate::remote::Trust::Nothing, &[]).unwrap(),
         ));
         let pool = WorkerPool::new(
             tls,

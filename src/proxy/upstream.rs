@@ -30,13 +30,19 @@ use super::{Inner, ProxyError};
 use crate::http1::fields::{is_valid_host, put_quoted, text};
 use crate::http1::{Fields, WireFields};
 use crate::http_body::BoxError;
+use crate::remote::{self, Trust};
 use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
 
-/// A connection pool (one per forwarding worker, one for health probes), connecting with
-/// `tls_client_config` for `https`.
+/// A connection pool (one per forwarding worker, one for health probes), offering HTTP/2 and
+/// HTTP/1.1 to `https` backends, verified against `upstream.ca_file`, else the platform's CA
+/// store; with no `https` backend the store is not read.
 pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
-    let mut tls = tls_client_config(cfg, any_https)?;
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let trust = match &cfg.ca_file {
+        Some(path) => Trust::CaFile(path),
+        None if any_https => Trust::Platform,
+        None => Trust::Nothing,
+    };
+    let tls = remote::client_config(trust, &[b"h2", b"http/1.1"])?;
     Ok(WorkerPool::new(
         tokio_rustls::TlsConnector::from(Arc::new(tls)),
         Duration::from_millis(cfg.connect_timeout_ms),
@@ -45,50 +51,6 @@ pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPo
         cfg.retry_after_send,
         Duration::from_millis(cfg.stream_close_watch_ms),
     ))
-}
-
-/// rustls (ring) trusting the configured CA file, or the platform roots when a backend is
-/// `https` and no file is set.
-fn tls_client_config(
-    cfg: &UpstreamConfig,
-    any_https: bool,
-) -> Result<rustls::ClientConfig, ProxyError> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(path) = &cfg.ca_file {
-        let tls_err = |reason: String| ProxyError::Tls {
-            file: path.clone(),
-            reason,
-        };
-        let pem = std::fs::read(path).map_err(|e| tls_err(e.to_string()))?;
-        let certs = rustls_pemfile::certs(&mut pem.as_slice())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| tls_err(format!("not a PEM certificate bundle: {e}")))?;
-        if certs.is_empty() {
-            return Err(tls_err("no certificate in the file".into()));
-        }
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| tls_err(format!("bad certificate: {e}")))?;
-        }
-    } else if any_https {
-        let native = rustls_native_certs::load_native_certs();
-        for e in &native.errors {
-            tracing::warn!(error = %e, "could not load some platform CA certificates");
-        }
-        let (added, _) = roots.add_parsable_certificates(native.certs);
-        if added == 0 {
-            tracing::warn!(
-                "no platform CA certificates found: https backends will fail; set upstream.ca_file"
-            );
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ProxyError::Internal(format!("rustls: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
 }
 
 // Names built once: inserting by `&str` parses the name on every request.
