@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
@@ -59,42 +59,10 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-backend");
 
-/// The response body the proxy sends: a streamed upstream body or a small local one.
-pub enum ProxyBody {
-    /// Forwarded frame by frame.
-    Upstream(Box<ObservedBody>),
-    /// Produced by the proxy (errors, admin).
-    Local(Full<Bytes>),
-}
-
-impl HttpBody for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Upstream(b) => Pin::new(&mut **b).poll_frame(cx),
-            ProxyBody::Local(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Upstream(b) => b.is_end_stream(),
-            ProxyBody::Local(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ProxyBody::Upstream(b) => b.size_hint(),
-            ProxyBody::Local(b) => b.size_hint(),
-        }
-    }
-}
+/// The response body the proxy sends: a streamed upstream body, forwarded frame by frame, or a
+/// small one the proxy made (errors, admin). The upstream one is boxed once per response so
+/// that a local answer stays small.
+pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 /// What the client is answered: status, the fields to send, and the body.
 pub struct Answer {
@@ -126,7 +94,7 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     Answer {
         status,
         headers: OutboundFields::new(headers, &[], Vec::new()),
-        body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
+        body: Either::Right(Full::new(Bytes::from(body.to_string()))),
     }
 }
 
@@ -573,7 +541,7 @@ async fn forward_held(
     Answer {
         status,
         headers,
-        body: ProxyBody::Upstream(Box::new(observed)),
+        body: Either::Left(Box::new(observed)),
     }
 }
 
