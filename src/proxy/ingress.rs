@@ -22,9 +22,10 @@ use tokio::time::{Instant, Sleep};
 
 use super::arrival::Arrivals;
 use super::budget::BodyCharge;
+use super::forwarded::ClientConn;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::ClientTimeout;
-use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
+use super::upstream::{self, Answer, ClientRequest, Started};
 use super::Inner;
 use crate::http1::{self, BodyDecoder, Decoded, Fields, Framing, H1Error, OutFraming, RequestHead};
 use crate::shutdown::Shutdown;

@@ -27,11 +27,13 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::config::BackendUrl;
+use super::config::{BackendUrl, UpstreamConfig};
 use super::fields::OutboundFields;
 use super::held_body::HeldBody;
+use super::ProxyError;
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, WireFields};
 use crate::http_body::BoxError;
+use crate::remote::{self, Trust};
 
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
 const COPY_BODY_MAX: usize = 16 * 1024;
@@ -256,6 +258,26 @@ enum AfterStream {
     KeepsOpen,
     /// Closed it: never pooled after a streamed response.
     Closes,
+}
+
+/// A connection pool (one per forwarding worker, one for health probes), offering HTTP/2 and
+/// HTTP/1.1 to `https` backends, verified against `upstream.ca_file`, else the platform's CA
+/// store; with no `https` backend the store is not read.
+pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+    let trust = match &cfg.ca_file {
+        Some(path) => Trust::CaFile(path),
+        None if any_https => Trust::Platform,
+        None => Trust::Nothing,
+    };
+    let tls = remote::client_config(trust, &[b"h2", b"http/1.1"])?;
+    Ok(WorkerPool::new(
+        tokio_rustls::TlsConnector::from(Arc::new(tls)),
+        Duration::from_millis(cfg.connect_timeout_ms),
+        cfg.pool_max_idle_per_backend,
+        Duration::from_secs(cfg.pool_idle_timeout_secs),
+        cfg.retry_after_send,
+        Duration::from_millis(cfg.stream_close_watch_ms),
+    ))
 }
 
 /// One forwarding worker's connections, by backend. Only that worker's thread takes from it
