@@ -286,6 +286,8 @@ async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Op
 /// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
 /// the backend's response, whose body streams through frame by frame while the metrics and
 /// the recorder watch it.
+///
+/// [`WorkerPool::may_resend`]: super::pool::WorkerPool::may_resend
 pub async fn forward(
     inner: &Arc<Inner>,
     mut req: ClientRequest,
