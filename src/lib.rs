@@ -24,6 +24,8 @@
 //! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
 //! - [`demo`]: composes the above in one process to show what affinity is worth.
 //! - [`cli`], [`shutdown`], [`telemetry`]: process edges shared by every command.
+//! - [`remote`]: an http(s) server this process connects to: the one URL parser and the one
+//!   TLS client configuration of the proxy's upstream, the replay client and the endpoint picker.
 //! - [`random`]: the seeded random source of the synthetic dataset and the simulator.
 //! - [`timing`]: sleeps that end on time, for the replayer's sends and the simulator's tokens.
 
@@ -39,6 +41,7 @@ pub mod http1;
 pub mod http_body;
 pub mod proxy;
 pub mod random;
+pub mod remote;
 pub mod replay;
 pub mod shutdown;
 pub mod sim;

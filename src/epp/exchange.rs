@@ -231,7 +231,7 @@ impl Exchange {
             None => Vec::new(),
             Some(list) => (0..pool.backends.len())
                 .filter(|&i| {
-                    let endpoint = pool.backends[i].url.authority.as_str();
+                    let endpoint = pool.backends[i].url.server.authority.as_str();
                     !list.iter().any(|e| e == endpoint)
                 })
                 .collect(),
@@ -272,7 +272,7 @@ impl Exchange {
         let source = key.as_ref().map_or(KeySource::None, |k| k.source);
         inner.metrics().decision(source, decision.outcome);
         Ok(Placed {
-            endpoint: backend.url.authority.as_str().to_string(),
+            endpoint: backend.url.server.authority.as_str().to_string(),
             key,
             in_flight: Some(InFlight::new(backend.clone())),
         })
@@ -297,7 +297,7 @@ impl Exchange {
         let Some(backend) = pool
             .backends
             .iter()
-            .find(|b| b.url.authority.as_str() == served)
+            .find(|b| b.url.server.authority.as_str() == served)
         else {
             return;
         };

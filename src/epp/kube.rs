@@ -2,7 +2,6 @@
 //! (hyper over rustls, verified with the service account's CA), a bearer token re-read at each
 //! request, JSON bodies read up to a bound, and watch streams split into one event per line.
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::proxy::config::ApiServerUrl;
+use crate::remote::{self, ServerUrl, TlsConfigError, Trust};
 
 /// How long connecting (TCP and TLS) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,7 +69,7 @@ impl KubeError {
 
 /// Where the API server is and how to authenticate to it.
 pub(crate) struct ApiClient {
-    server: ApiServerUrl,
+    server: ServerUrl,
     tls: Option<(
         tokio_rustls::TlsConnector,
         rustls::pki_types::ServerName<'static>,
@@ -83,19 +82,16 @@ impl ApiClient {
     /// A client for `server`; for https the CA file is read now (so a rotated CA is picked up
     /// by the next client).
     pub(crate) fn new(
-        server: ApiServerUrl,
+        server: ServerUrl,
         ca_file: &Path,
         token_file: &Path,
         max_event_bytes: usize,
     ) -> Result<Self, KubeError> {
         let tls = if server.tls {
-            let name =
-                rustls::pki_types::ServerName::try_from(server.host.clone()).map_err(|e| {
-                    KubeError::Connect {
-                        server: server.host.clone(),
-                        reason: format!("not a TLS server name: {e}"),
-                    }
-                })?;
+            let name = server.server_name().map_err(|e| KubeError::Connect {
+                server: server.to_string(),
+                reason: format!("not a TLS server name: {e}"),
+            })?;
             Some((tls_connector(ca_file)?, name))
         } else {
             None
@@ -106,15 +102,6 @@ impl ApiClient {
             token_file: token_file.to_path_buf(),
             max_event_bytes,
         })
-    }
-
-    fn display(&self) -> String {
-        let scheme = if self.server.tls { "https" } else { "http" };
-        let host = match self.server.host.parse::<IpAddr>() {
-            Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
-            _ => self.server.host.clone(),
-        };
-        format!("{scheme}://{host}:{}", self.server.port)
     }
 
     /// GETs `path` and parses its JSON body, read up to `limit` bytes.
@@ -172,7 +159,7 @@ impl ApiClient {
     /// the API server's message.
     async fn send(&self, path: &str, what: &str) -> Result<Incoming, KubeError> {
         let token = self.token()?;
-        let server = self.display();
+        let server = self.server.to_string();
         let connect_err = |reason: String| KubeError::Connect {
             server: server.clone(),
             reason,
@@ -290,29 +277,16 @@ fn http_err(what: &str, e: hyper::Error) -> KubeError {
     }
 }
 
-/// rustls (ring) trusting only the certificates in `ca_file`.
+/// A connector trusting only the certificates in `ca_file`: the cluster's CA, not the
+/// platform's.
 fn tls_connector(ca_file: &Path) -> Result<tokio_rustls::TlsConnector, KubeError> {
-    let err = |reason: String| KubeError::Ca {
-        path: ca_file.to_path_buf(),
-        reason,
-    };
-    let pem = std::fs::read(ca_file).map_err(|e| err(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        let cert = cert.map_err(|e| err(format!("not a PEM certificate bundle: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| err(format!("bad certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(err("no certificate in the file".into()));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(format!("rustls: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = remote::client_config(Trust::CaFile(ca_file), &[]).map_err(|e| match e {
+        TlsConfigError::CaFile { path, reason } => KubeError::Ca { path, reason },
+        e @ TlsConfigError::Rustls(_) => KubeError::Ca {
+            path: ca_file.to_path_buf(),
+            reason: e.to_string(),
+        },
+    })?;
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 

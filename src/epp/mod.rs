@@ -103,15 +103,14 @@ pub fn check_endpoints(config: &ProxyConfig) -> Result<(), EppError> {
             url: b.url.clone(),
             reason,
         };
-        let url =
-            crate::proxy::config::BackendUrl::parse(&b.url).map_err(|_| bad("not a valid URL"))?;
-        if url.scheme != http::uri::Scheme::HTTP {
+        let url = crate::remote::ServerUrl::parse(&b.url).map_err(|_| bad("not a valid URL"))?;
+        if url.tls {
             return Err(bad("an endpoint is plain http://IP:PORT"));
         }
         if url.authority.as_str().parse::<SocketAddr>().is_err() {
             return Err(bad("an endpoint is an IP address and a port"));
         }
-        if !url.base_path.is_empty() {
+        if !url.path.is_empty() {
             return Err(bad("an endpoint has no path"));
         }
     }
@@ -341,7 +340,7 @@ impl EppHandle {
             .pool()
             .backends
             .iter()
-            .map(|b| b.url.authority.to_string())
+            .map(|b| b.url.server.authority.to_string())
             .collect()
     }
 

@@ -16,7 +16,8 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::kube::{encode, ApiClient, KubeError, StatusObject, WatchEvent, WATCH_SECONDS};
-use crate::proxy::config::{ApiServerUrl, BackendConfig, InferencePoolConfig};
+use crate::proxy::config::{api_server_url, BackendConfig, InferencePoolConfig};
+use crate::remote::ServerUrl;
 use crate::shutdown::Shutdown;
 
 /// Pods asked for per list page.
@@ -46,7 +47,7 @@ pub(crate) enum WatchError {
 /// Where the pool is, resolved at start (namespace file, service environment).
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
-    pub server: ApiServerUrl,
+    pub server: ServerUrl,
     pub namespace: String,
     pub config: InferencePoolConfig,
 }
@@ -87,7 +88,7 @@ impl Target {
                 format!("https://{host}:{port}")
             }
         };
-        let server = ApiServerUrl::parse(&url)
+        let server = api_server_url(&url)
             .map_err(|why| format!("epp.inference_pool.api_server: {why}, got {url:?}"))?;
         Ok(Self {
             server,

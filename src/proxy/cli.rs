@@ -83,7 +83,7 @@ fn backend_from_flag(spec: &str) -> anyhow::Result<BackendConfig> {
         _ => {
             let parsed = super::config::BackendUrl::parse(spec)
                 .map_err(|why| anyhow::anyhow!("--backend {spec:?}: {why}"))?;
-            (parsed.authority.to_string(), spec.to_string())
+            (parsed.server.authority.to_string(), spec.to_string())
         }
     };
     Ok(BackendConfig {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::capture::CaptureConfig;
+use crate::remote::{ServerUrl, UrlError};
 
 /// Header names tried in order when no `affinity.headers` is configured: the generic MLPerf /
 /// OpenCode header first, then the router- and agent-specific ones.
@@ -731,7 +732,7 @@ impl ProxyConfig {
             }
         }
         if let Some(url) = &p.api_server {
-            if let Err(why) = ApiServerUrl::parse(url) {
+            if let Err(why) = api_server_url(url) {
                 return bad(format!("epp.inference_pool.api_server: {why}, got {url:?}"));
             }
         }
@@ -751,59 +752,34 @@ impl ProxyConfig {
     }
 }
 
-/// A Kubernetes API server address: `https://host[:port]`, or `http://` on a loopback IP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiServerUrl {
-    /// True for `https`.
-    pub tls: bool,
-    /// Host name or IP, as the certificate must name it.
-    pub host: String,
-    /// The port (443 when absent from an https URL).
-    pub port: u16,
-}
-
-impl ApiServerUrl {
-    /// Parses the URL; the error says what is wrong.
-    pub fn parse(url: &str) -> Result<Self, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("not a valid URL ({e})"))?;
-        let tls = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => return Err("must start with https:// (or http:// on a loopback address)".into()),
-        };
-        let authority = uri.authority().ok_or("no host")?;
-        if uri.path() != "/" && !uri.path().is_empty() || uri.query().is_some() {
-            return Err("must have no path or query".into());
+/// A Kubernetes API server address: `https://host[:port]`, or `http://` on a loopback IP;
+/// the error says what is wrong.
+pub fn api_server_url(url: &str) -> Result<ServerUrl, String> {
+    let server = ServerUrl::parse(url).map_err(|e| match e {
+        UrlError::NoScheme | UrlError::Scheme => {
+            "must start with https:// (or http:// on a loopback address)".to_string()
         }
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        if !tls
-            && !host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
-        {
-            return Err("plain http is allowed on a loopback IP address only".into());
-        }
-        Ok(Self {
-            tls,
-            host: host.to_string(),
-            port,
-        })
+        e => e.to_string(),
+    })?;
+    if !server.path.is_empty() {
+        return Err("must have no path or query".into());
     }
+    if !server.tls
+        && !server
+            .host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+    {
+        return Err("plain http is allowed on a loopback IP address only".into());
+    }
+    Ok(server)
 }
 
-/// A backend URL split into the parts the forwarding path reuses for every request.
+/// A backend URL with the parts the forwarding path reuses for every request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendUrl {
-    /// `http` or `https`.
-    pub scheme: http::uri::Scheme,
-    /// `host:port`.
-    pub authority: http::uri::Authority,
-    /// Prefix put before every forwarded path, without a trailing slash (often empty).
-    pub base_path: String,
+    /// Where the backend is; its path is the prefix put before every forwarded path.
+    pub server: ServerUrl,
     /// The `Host` header of HTTP/1.1 requests to this backend.
     pub host: http::HeaderValue,
     /// `scheme://authority` in lower case: which upstream connections can serve this backend.
@@ -812,35 +788,16 @@ pub struct BackendUrl {
 
 impl BackendUrl {
     /// Parses `http(s)://host[:port][/base]`; the error says what is wrong.
-    pub fn parse(url: &str) -> Result<Self, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("not a valid URL ({e})"))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| "must start with http:// or https://".to_string())?;
-        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
-            return Err("scheme must be http or https".into());
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| "must name a host".to_string())?;
-        if authority.host().is_empty() {
-            return Err("must name a host".into());
-        }
-        if uri.query().is_some() {
-            return Err("must not have a query".into());
-        }
-        let base_path = uri.path().trim_end_matches('/').to_string();
-        let host = http::HeaderValue::from_str(authority.as_str())
-            .map_err(|_| "host is not a valid Host header".to_string())?;
-        let origin = format!("{scheme}://{authority}")
+    pub fn parse(url: &str) -> Result<Self, UrlError> {
+        let server = ServerUrl::parse(url)?;
+        // An authority that parsed is visible ASCII, so this does not fail.
+        let host = http::HeaderValue::from_str(server.authority.as_str())
+            .map_err(|_| UrlError::NotAUrl("host is not a valid Host header".into()))?;
+        let origin = format!("{}://{}", server.scheme(), server.authority)
             .to_ascii_lowercase()
             .into();
         Ok(Self {
-            scheme,
-            authority,
-            base_path,
+            server,
             host,
             origin,
         })
@@ -849,7 +806,7 @@ impl BackendUrl {
 
 impl fmt::Display for BackendUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+        self.server.fmt(f)
     }
 }
 
@@ -1125,9 +1082,11 @@ mod tests {
     #[test]
     fn backend_url_keeps_base_path_without_trailing_slash() {
         let u = BackendUrl::parse("https://api.example.com:8443/v2/").unwrap();
-        assert_eq!(u.base_path, "/v2");
+        assert_eq!(u.server.path, "/v2");
         assert_eq!(u.to_string(), "https://api.example.com:8443/v2");
-        assert_eq!(BackendUrl::parse("http://h:1").unwrap().base_path, "");
+        assert_eq!(&*u.origin, "https://api.example.com:8443");
+        assert_eq!(u.host, "api.example.com:8443");
+        assert_eq!(BackendUrl::parse("http://h:1").unwrap().server.path, "");
     }
 
     #[test]

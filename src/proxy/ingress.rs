@@ -22,9 +22,11 @@ use tokio::time::{Instant, Sleep};
 
 use super::arrival::Arrivals;
 use super::budget::BodyCharge;
+use super::forwarded::ClientConn;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::ClientTimeout;
-use super::upstream::{self, Answer, ClientConn, ClientRequest, Started};
+use super::observed;
+use super::upstream::{self, Answer, ClientRequest, Started};
 use super::Inner;
 use crate::http1::{self, BodyDecoder, Decoded, Fields, Framing, H1Error, OutFraming, RequestHead};
 use crate::shutdown::Shutdown;
@@ -650,7 +652,7 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
                     }
                     return match self.write_out(deadline).await {
                         Ok(()) => {
-                            body.delivered(Instant::now());
+                            observed::delivered(&mut body, Instant::now());
                             next
                         }
                         Err(e) => write_failed(inner, &e),
@@ -701,7 +703,7 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
                 return write_failed(inner, &e);
             }
             if end {
-                body.delivered(Instant::now());
+                observed::delivered(&mut body, Instant::now());
                 return next;
             }
         }

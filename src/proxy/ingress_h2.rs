@@ -4,26 +4,50 @@
 //! leaves a stream's data unread past the send timeout is cut off; a graceful close (GOAWAY)
 //! the client does not let finish is cut short after the close grace; and a client that
 //! cancels stream after stream, each a backend request started for nothing, has its
-//! connection closed and its new streams refused.
+//! connection closed and its new streams refused. An h2c client with prior knowledge is told
+//! from an HTTP/1.1 one here too, by its preface, which is then read again by hyper.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes, BytesMut};
 use http::Response;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use metrics::Counter;
 use pin_project_lite::pin_project;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::forwarded::ClientConn;
 use super::ingress::{ClientLimits, Deadline};
 use super::metrics::ClientTimeout;
 use super::{upstream, Inner};
 use crate::shutdown::Shutdown;
+
+/// What an HTTP/2 client sends first (RFC 9113 §3.4); an HTTP/1 request never starts so.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads until the first bytes show whether the client speaks HTTP/2 with prior knowledge;
+/// `None` if it leaves first.
+pub(crate) async fn sniff_h2(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<bool> {
+    loop {
+        let n = buf.len().min(H2_PREFACE.len());
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Some(true);
+        }
+        if !matches!(stream.read_buf(buf).await, Ok(r) if r > 0) {
+            return None;
+        }
+    }
+}
 
 /// Serves an HTTP/2 connection until the client closes it, or the proxy does: after GOAWAY
 /// (no open stream for the idle timeout, `shutdown`, or too many cancelled streams) the open
@@ -34,7 +58,7 @@ use crate::shutdown::Shutdown;
 pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: S,
     inner: Arc<Inner>,
-    client: Arc<upstream::ClientConn>,
+    client: Arc<ClientConn>,
     mut shutdown: Shutdown,
     opened: Instant,
 ) -> Result<(), hyper::Error> {
@@ -401,5 +425,63 @@ impl<B: hyper::body::Body + Unpin> hyper::body::Body for Tracked<B> {
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A stream whose first bytes were already read: they are read again before the rest.
+pub(crate) struct Prefixed<S> {
+    pub(crate) prefix: Bytes,
+    pub(crate) inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

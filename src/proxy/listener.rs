@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::BytesMut;
 use metrics::Gauge;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -17,9 +16,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::TlsConfig;
-use super::ingress_h2::serve as serve_h2;
+use super::ingress_h2::{serve as serve_h2, sniff_h2, Prefixed};
 use super::metrics::{ClientTimeout, ConnectionRefusal};
-use super::{arrival, ingress, upstream, Inner, ProxyError};
+use super::{arrival, forwarded, ingress, Inner, ProxyError};
 use crate::shutdown::Shutdown;
 
 /// A TLS handshake slower than this is abandoned (a stalled client must not hold a task).
@@ -366,26 +365,6 @@ async fn worker_loop(
     while connections.join_next().await.is_some() {}
 }
 
-/// What an HTTP/2 client sends first (RFC 9113 §3.4); an HTTP/1 request never starts so.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Reads until the first bytes show whether the client speaks HTTP/2 with prior knowledge;
-/// `None` if it leaves first.
-async fn sniff_h2(stream: &mut TcpStream, buf: &mut BytesMut) -> Option<bool> {
-    loop {
-        let n = buf.len().min(H2_PREFACE.len());
-        if buf[..n] != H2_PREFACE[..n] {
-            return Some(false);
-        }
-        if n == H2_PREFACE.len() {
-            return Some(true);
-        }
-        if !matches!(stream.read_buf(buf).await, Ok(r) if r > 0) {
-            return None;
-        }
-    }
-}
-
 async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
@@ -395,7 +374,7 @@ async fn serve_connection(
     mut shutdown: Shutdown,
 ) {
     let opened = Instant::now();
-    let client = Arc::new(upstream::ClientConn::new(peer, tls.is_some(), worker));
+    let client = Arc::new(forwarded::ClientConn::new(peer, tls.is_some(), worker));
     let result = match tls {
         None => {
             let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -463,63 +442,5 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
-    }
-}
-
-/// A stream whose first bytes were already read: they are read again before the rest.
-struct Prefixed<S> {
-    prefix: Bytes,
-    inner: S,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return std::task::Poll::Ready(Ok(()));
-        }
-        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -2,10 +2,11 @@
 //!
 //! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the crate's
 //! [`http1`](crate::http1) codec; `arrival` stamps a request with its first byte's kernel
-//! receive time) → `routing` (session key, rendezvous pick, bindings) → `upstream` (failover,
-//! streamed response) over `pool` (per-worker keep-alive connections), which reports each
-//! exchange through the crate's [`tap`](crate::tap) (frame observers for the recorder);
-//! `health` and `admin` (with `metrics`) run beside them.
+//! receive time; `ingress_h2` serves HTTP/2) → `routing` (session key, rendezvous pick,
+//! bindings) → `upstream` (failover; `forwarded` adds the proxy's hop to the request's
+//! headers) over `pool` (per-worker keep-alive connections) → `observed` (the response body,
+//! streamed), which reports each exchange through the crate's [`tap`](crate::tap) (frame
+//! observers for the recorder); `health` and `admin` (with `metrics`) run beside them.
 
 pub mod admin;
 pub mod arrival;
@@ -13,12 +14,14 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod fields;
+pub mod forwarded;
 pub mod health;
 pub mod held_body;
 pub mod ingress;
 pub(crate) mod ingress_h2;
 pub mod listener;
 pub mod metrics;
+pub mod observed;
 pub mod pool;
 pub mod routing;
 pub mod upstream;
@@ -71,6 +74,17 @@ pub enum ProxyError {
     /// Anything else (a library refused a setting).
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<crate::remote::TlsConfigError> for ProxyError {
+    fn from(e: crate::remote::TlsConfigError) -> Self {
+        match e {
+            crate::remote::TlsConfigError::CaFile { path, reason } => {
+                ProxyError::Tls { file: path, reason }
+            }
+            e @ crate::remote::TlsConfigError::Rustls(_) => ProxyError::Internal(e.to_string()),
+        }
+    }
 }
 
 impl ProxyError {
@@ -153,7 +167,7 @@ fn any_https(config: &ProxyConfig) -> bool {
 }
 
 fn probe_pool(config: &ProxyConfig) -> Result<Arc<pool::WorkerPool>, ProxyError> {
-    upstream::connection_pool(&config.upstream, any_https(config)).map(Arc::new)
+    pool::connection_pool(&config.upstream, any_https(config)).map(Arc::new)
 }
 
 fn worker_pools(
@@ -161,7 +175,7 @@ fn worker_pools(
     workers: usize,
 ) -> Result<Vec<Arc<pool::WorkerPool>>, ProxyError> {
     (0..workers)
-        .map(|_| upstream::connection_pool(&config.upstream, any_https(config)).map(Arc::new))
+        .map(|_| pool::connection_pool(&config.upstream, any_https(config)).map(Arc::new))
         .collect()
 }
 

@@ -13,9 +13,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::uri::{PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Method, Request, StatusCode, Uri};
 use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -26,11 +27,13 @@ use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::config::BackendUrl;
+use super::config::{BackendUrl, UpstreamConfig};
 use super::fields::OutboundFields;
 use super::held_body::HeldBody;
+use super::ProxyError;
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, WireFields};
 use crate::http_body::BoxError;
+use crate::remote::{self, Trust};
 
 /// Request bodies up to this size are copied behind the head, so both go out in one write.
 const COPY_BODY_MAX: usize = 16 * 1024;
@@ -257,6 +260,26 @@ enum AfterStream {
     Closes,
 }
 
+/// A connection pool (one per forwarding worker, one for health probes), offering HTTP/2 and
+/// HTTP/1.1 to `https` backends, verified against `upstream.ca_file`, else the platform's CA
+/// store; with no `https` backend the store is not read.
+pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+    let trust = match &cfg.ca_file {
+        Some(path) => Trust::CaFile(path),
+        None if any_https => Trust::Platform,
+        None => Trust::Nothing,
+    };
+    let tls = remote::client_config(trust, &[b"h2", b"http/1.1"])?;
+    Ok(WorkerPool::new(
+        tokio_rustls::TlsConnector::from(Arc::new(tls)),
+        Duration::from_millis(cfg.connect_timeout_ms),
+        cfg.pool_max_idle_per_backend,
+        Duration::from_secs(cfg.pool_idle_timeout_secs),
+        cfg.retry_after_send,
+        Duration::from_millis(cfg.stream_close_watch_ms),
+    ))
+}
+
 /// One forwarding worker's connections, by backend. Only that worker's thread takes from it
 /// (the lock is uncontended); the housekeeping task reaps it from elsewhere.
 pub struct WorkerPool {
@@ -356,7 +379,7 @@ impl WorkerPool {
         http1::put_request_head(
             &mut conn.out,
             req.method,
-            &[&backend.base_path, req.path_and_query.as_str()],
+            &[&backend.server.path, req.path_and_query.as_str()],
             &backend.host,
             req.headers.pairs(),
             length,
@@ -427,7 +450,7 @@ impl WorkerPool {
         Ok(UpstreamResponse {
             status: head.status,
             headers: head.headers,
-            body: UpstreamBody::H1(body),
+            body: Either::Left(body),
         })
     }
 
@@ -438,18 +461,18 @@ impl WorkerPool {
         backend: &BackendUrl,
         req: &UpstreamRequest<'_>,
     ) -> Result<UpstreamResponse, PoolError> {
-        let path = if backend.base_path.is_empty() {
+        let path = if backend.server.path.is_empty() {
             req.path_and_query.clone()
         } else {
-            format!("{}{}", backend.base_path, req.path_and_query)
+            format!("{}{}", backend.server.path, req.path_and_query)
                 .parse()
                 .map_err(|e| PoolError::Request(format!("bad path: {e}")))?
         };
         let mut request = Request::new(req.body.clone());
         *request.method_mut() = req.method.clone();
         *request.uri_mut() = Uri::builder()
-            .scheme(backend.scheme.clone())
-            .authority(backend.authority.clone())
+            .scheme(backend.server.scheme())
+            .authority(backend.server.authority.clone())
             .path_and_query(path)
             .build()
             .map_err(|e| PoolError::Request(e.to_string()))?;
@@ -460,7 +483,7 @@ impl WorkerPool {
                 Ok(UpstreamResponse {
                     status: parts.status,
                     headers: WireFields::from_map(&parts.headers),
-                    body: UpstreamBody::H2(body),
+                    body: Either::Right(body),
                 })
             }
             Err(mut e) => {
@@ -559,35 +582,31 @@ impl WorkerPool {
     /// Opens a connection (TLS with ALPN for `https`); an HTTP/2 one gets its task on this
     /// thread and is shared from then on.
     async fn connect(&self, key: &Key, backend: &BackendUrl) -> Result<Sender, PoolError> {
-        let https = backend.scheme == Scheme::HTTPS;
-        let host = backend.authority.host();
-        let port = backend
-            .authority
-            .port_u16()
-            .unwrap_or(if https { 443 } else { 80 });
-        let bare_host = host.trim_start_matches('[').trim_end_matches(']');
+        let server = &backend.server;
         let timeout_ms = self.connect_timeout.as_millis();
-        let tcp =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect((bare_host, port)))
-                .await
-            {
-                Ok(Ok(tcp)) => tcp,
-                Ok(Err(e)) => return Err(connect_error("tcp connect error", e)),
-                Err(_) => return Err(connect_timeout("tcp connect", timeout_ms)),
-            };
+        let tcp = match tokio::time::timeout(
+            self.connect_timeout,
+            TcpStream::connect((server.host.as_str(), server.port)),
+        )
+        .await
+        {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(connect_error("tcp connect error", e)),
+            Err(_) => return Err(connect_timeout("tcp connect", timeout_ms)),
+        };
         let _ = tcp.set_nodelay(true);
-        if !https {
+        if !server.tls {
             return Ok(Sender::H1 {
                 conn: H1Conn::new(BackendStream::Plain(tcp)),
                 reused: false,
             });
         }
-        let name = rustls::pki_types::ServerName::try_from(bare_host.to_string()).map_err(|e| {
+        let name = server.server_name().map_err(|e| {
             connect_error(
                 "invalid TLS server name",
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
-                    format!("{bare_host:?} ({e})"),
+                    format!("{:?} ({e})", server.host),
                 ),
             )
         })?;
@@ -722,13 +741,11 @@ async fn write_head_and_parts<W: AsyncWrite + Unpin>(
 /// Slices in one vectored write.
 const PARTS_PER_WRITE: usize = 64;
 
-/// A backend's response body, read from its connection as the client takes it.
-pub enum UpstreamBody {
-    /// An HTTP/1.1 body decoded from the connection this request holds.
-    H1(H1Body),
-    /// A stream of a shared HTTP/2 connection.
-    H2(Incoming),
-}
+/// A backend's response body, read from its connection as the client takes it: an HTTP/1.1
+/// body decoded from the connection this request holds, or a stream of a shared HTTP/2
+/// connection. `Either` dispatches each frame with a match, as a hand-written enum would, and
+/// boxes only an error.
+pub type UpstreamBody = Either<H1Body, Incoming>;
 
 /// An HTTP/1.1 response body that owns its connection: when the body ends cleanly on a
 /// keep-alive connection, the connection goes back to the pool; dropped before that, the
@@ -790,7 +807,7 @@ impl H1Body {
     }
 }
 
-impl HttpBody for UpstreamBody {
+impl HttpBody for H1Body {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -798,29 +815,18 @@ impl HttpBody for UpstreamBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            UpstreamBody::H1(b) => b.poll_data(cx),
-            UpstreamBody::H2(b) => Pin::new(b)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
-        }
+        self.get_mut().poll_data(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            UpstreamBody::H1(b) => b.conn.is_none(),
-            UpstreamBody::H2(b) => b.is_end_stream(),
-        }
+        self.conn.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            UpstreamBody::H1(b) if b.conn.is_none() => SizeHint::with_exact(0),
-            UpstreamBody::H1(b) => match b.decoder.remaining() {
-                Some(n) => SizeHint::with_exact(n),
-                None => SizeHint::new(),
-            },
-            UpstreamBody::H2(b) => b.size_hint(),
+        match self.decoder.remaining() {
+            _ if self.conn.is_none() => SizeHint::with_exact(0),
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::new(),
         }
     }
 }
@@ -839,13 +845,7 @@ mod tests {
             .port();
         let backend = BackendUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
         let tls = TlsConnector::from(Arc::new(
-            rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth(),
+            crate::remote::client_config(crate::remote::Trust::Nothing, &[]).unwrap(),
         ));
         let pool = WorkerPool::new(
             tls,

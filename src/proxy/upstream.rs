@@ -1,7 +1,7 @@
-//! Upstream: one request's trip to a backend with failover before the first
-//! byte, and the response body that streams frame by frame while metrics and the tap watch it.
+//! Upstream: one request's trip to a backend with failover before the first byte, answered
+//! with the backend's response, whose body [`super::observed`] streams to the client; and the
+//! answers the proxy makes itself (errors, refusals).
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,140 +11,35 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body::Body as HttpBody;
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::config::UpstreamConfig;
-use super::fields::{self, OutboundFields};
+use super::fields::OutboundFields;
+use super::forwarded::{forward_headers, ClientConn};
 use super::health;
 use super::held_body::{BodyParts, HeldBody};
-use super::metrics::{BackendMetrics, ClientTimeout, ErrorKind, RetryReason};
-use super::pool::{PoolError, UpstreamBody, UpstreamRequest, UpstreamResponse, WorkerPool};
+use super::metrics::{ClientTimeout, ErrorKind, RetryReason};
+use super::observed::{CacheReport, Exchange, ObservedBody};
+use super::pool::{PoolError, UpstreamRequest, UpstreamResponse};
 use super::routing::{
-    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, Pool, SessionId,
-    SessionKey, Turn, UsageScan,
+    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
 };
-use super::{Inner, ProxyError};
-use crate::http1::fields::{is_valid_host, put_quoted, text};
+use super::Inner;
+use crate::http1::fields::{is_valid_host, text};
 use crate::http1::{Fields, WireFields};
-use crate::http_body::BoxError;
-use crate::tap::{ExchangeEnd, ExchangeObserver, ExchangeStart, KeySource};
+use crate::tap::{ExchangeEnd, ExchangeStart, KeySource};
 
-/// A connection pool (one per forwarding worker, one for health probes), connecting with
-/// `tls_client_config` for `https`.
-pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
-    let mut tls = tls_client_config(cfg, any_https)?;
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(WorkerPool::new(
-        tokio_rustls::TlsConnector::from(Arc::new(tls)),
-        Duration::from_millis(cfg.connect_timeout_ms),
-        cfg.pool_max_idle_per_backend,
-        Duration::from_secs(cfg.pool_idle_timeout_secs),
-        cfg.retry_after_send,
-        Duration::from_millis(cfg.stream_close_watch_ms),
-    ))
-}
-
-/// rustls (ring) trusting the configured CA file, or the platform roots when a backend is
-/// `https` and no file is set.
-fn tls_client_config(
-    cfg: &UpstreamConfig,
-    any_https: bool,
-) -> Result<rustls::ClientConfig, ProxyError> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(path) = &cfg.ca_file {
-        let tls_err = |reason: String| ProxyError::Tls {
-            file: path.clone(),
-            reason,
-        };
-        let pem = std::fs::read(path).map_err(|e| tls_err(e.to_string()))?;
-        let certs = rustls_pemfile::certs(&mut pem.as_slice())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| tls_err(format!("not a PEM certificate bundle: {e}")))?;
-        if certs.is_empty() {
-            return Err(tls_err("no certificate in the file".into()));
-        }
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| tls_err(format!("bad certificate: {e}")))?;
-        }
-    } else if any_https {
-        let native = rustls_native_certs::load_native_certs();
-        for e in &native.errors {
-            tracing::warn!(error = %e, "could not load some platform CA certificates");
-        }
-        let (added, _) = roots.add_parsable_certificates(native.certs);
-        if added == 0 {
-            tracing::warn!(
-                "no platform CA certificates found: https backends will fail; set upstream.ca_file"
-            );
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ProxyError::Internal(format!("rustls: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
-}
-
-// Names built once: inserting by `&str` parses the name on every request.
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// The backend's name on responses, built once: inserting by `&str` parses the name on
+/// every request.
 const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-backend");
 
-/// The response body the proxy sends: a streamed upstream body or a small local one.
-pub enum ProxyBody {
-    /// Forwarded frame by frame.
-    Upstream(Box<ObservedBody>),
-    /// Produced by the proxy (errors, admin).
-    Local(Full<Bytes>),
-}
-
-impl ProxyBody {
-    /// The connection has written the body's last bytes at `at`: the exchange ends then.
-    pub fn delivered(&mut self, at: Instant) {
-        if let ProxyBody::Upstream(b) = self {
-            if let Some(mut ending) = b.ending.take() {
-                ending.finish_at(at);
-            }
-        }
-    }
-}
-
-impl HttpBody for ProxyBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ProxyBody::Upstream(b) => Pin::new(&mut **b).poll_frame(cx),
-            ProxyBody::Local(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ProxyBody::Upstream(b) => b.is_end_stream(),
-            ProxyBody::Local(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ProxyBody::Upstream(b) => b.size_hint(),
-            ProxyBody::Local(b) => b.size_hint(),
-        }
-    }
-}
+/// The response body the proxy sends: a streamed upstream body, forwarded frame by frame, or a
+/// small one the proxy made (errors, admin). The upstream one is boxed once per response so
+/// that a local answer stays small.
+pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 /// What the client is answered: status, the fields to send, and the body.
 pub struct Answer {
@@ -176,7 +71,7 @@ pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> 
     Answer {
         status,
         headers: OutboundFields::new(headers, &[], Vec::new()),
-        body: ProxyBody::Local(Full::new(Bytes::from(body.to_string()))),
+        body: Either::Right(Full::new(Bytes::from(body.to_string()))),
     }
 }
 
@@ -212,38 +107,6 @@ impl<F: std::future::Future> std::future::Future for Counted<F> {
             .take()
             .expect("Counted polled after completion");
         Poll::Ready((out, in_flight))
-    }
-}
-
-/// What every request of one client connection shares: who the client is, as the forwarded
-/// headers say it (formatted once per connection), and which worker serves it.
-pub struct ClientConn {
-    /// The client's IP address, as `X-Forwarded-For` lists it.
-    ip: HeaderValue,
-    /// The `for=` element of `Forwarded` (IPv6 quoted and bracketed).
-    forwarded_for: String,
-    /// Whether the client connected with TLS.
-    tls: bool,
-    /// The forwarding worker (and so the upstream pool) serving the connection.
-    worker: usize,
-}
-
-impl ClientConn {
-    /// The shared view of a connection from `peer`.
-    pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
-        let ip = peer.ip();
-        Self {
-            // An IP address is always a valid header value.
-            ip: HeaderValue::from_str(&ip.to_string())
-                .unwrap_or(HeaderValue::from_static("unknown")),
-            forwarded_for: if ip.is_ipv6() {
-                format!("for=\"[{ip}]\"")
-            } else {
-                format!("for={ip}")
-            },
-            tls,
-            worker,
-        }
     }
 }
 
@@ -423,6 +286,8 @@ async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Op
 /// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
 /// the backend's response, whose body streams through frame by frame while the metrics and
 /// the recorder watch it.
+///
+/// [`WorkerPool::may_resend`]: super::pool::WorkerPool::may_resend
 pub async fn forward(
     inner: &Arc<Inner>,
     mut req: ClientRequest,
@@ -589,34 +454,12 @@ async fn forward_held(
         pending = incoming.frame().await;
     }
     let empty = pending.is_none() && incoming.is_end_stream();
-    let mut observed = ObservedBody {
-        ending: None,
-        inner: incoming,
-        pending,
-        ended: false,
-        exchange: Some(Exchange {
-            backend,
-            _in_flight: in_flight,
-            observer,
-            sent_at,
-            got_first_byte: false,
-            sse,
-            at_event_boundary: true,
-            cache: CacheReport::new(inner, &pool, session),
-        }),
-    };
+    let cache = CacheReport::new(inner, &pool, session);
+    let exchange = Exchange::new(backend, in_flight, observer, sent_at, sse, cache);
+    let mut observed = ObservedBody::new(incoming, pending, exchange);
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
-        if let Some(observer) = observed.exchange.as_mut().and_then(|e| e.observer.as_mut()) {
-            std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
-        }
-        if let Some(exchange) = observed.exchange.take() {
-            BackendMetrics::observe(
-                &exchange.backend.metrics.ttfb,
-                head_at.duration_since(sent_at),
-            );
-            exchange.finish(ExchangeEnd::Complete);
-        }
+        observed.complete_at_head(head_at).await;
     }
     inner
         .metrics
@@ -625,7 +468,7 @@ async fn forward_held(
     Answer {
         status,
         headers,
-        body: ProxyBody::Upstream(Box::new(observed)),
+        body: Either::Left(Box::new(observed)),
     }
 }
 
@@ -720,528 +563,5 @@ fn exchange_start(
         path_and_query: path_and_query.as_str().to_string(),
         request_headers: request_headers.cloned().unwrap_or_default(),
         request_body,
-    }
-}
-
-/// Fields of a request the proxy sets from elsewhere: `Host` from the backend URL,
-/// `Content-Length` from the body sent, and `Expect`, which the proxy answered itself.
-const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
-
-/// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> OutboundFields {
-    let added = proxy_fields(&h, uri, client);
-    OutboundFields::new(h, REQUEST_REPLACED, added)
-}
-
-/// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
-/// Every line of an earlier `X-Forwarded-For` or `Forwarded` is continued, in order; a chain
-/// with a line that cannot be continued safely (not text; for `Forwarded`, not a well-formed
-/// list) is replaced by this hop's element alone. The host is the target's authority (an
-/// absolute-form target, HTTP/2's `:authority`), else `Host` (RFC 9112 §3.2.2), and is written
-/// only when it is a valid host: quoted in `Forwarded`, and in `X-Forwarded-Host` only without a
-/// comma, which there would read as a second hop.
-fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
-    // One pass over the names finds every field read below.
-    let (mut xff, mut forwarded_prev, mut xfh, mut host) = (false, false, false, None);
-    for (name, value) in h.pairs() {
-        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
-        match name.len() {
-            4 if is("host") => host = host.or(Some(value)),
-            9 if is("forwarded") => forwarded_prev = true,
-            15 if is("x-forwarded-for") => xff = true,
-            16 if is("x-forwarded-host") => xfh = true,
-            _ => {}
-        }
-    }
-    let host = match uri.authority() {
-        Some(authority) => Some(authority.as_str().as_bytes()),
-        None => host,
-    }
-    .filter(|host| is_valid_host(host));
-    let proto = if client.tls { "https" } else { "http" };
-    let mut added = Vec::with_capacity(4);
-    let xff = if xff {
-        let mut list = bytes::BytesMut::with_capacity(64);
-        put_earlier_hops(&mut list, h.values_of("x-forwarded-for"), |line| {
-            text(line).is_some()
-        });
-        list.extend_from_slice(client.ip.as_bytes());
-        HeaderValue::from_maybe_shared(list.freeze()).ok()
-    } else {
-        Some(client.ip.clone())
-    };
-    if let Some(v) = xff {
-        added.push((X_FORWARDED_FOR, v));
-    }
-    added.push((X_FORWARDED_PROTO, HeaderValue::from_static(proto)));
-    // Built where the header value will live: one allocation.
-    let mut forwarded = bytes::BytesMut::with_capacity(96);
-    if forwarded_prev {
-        put_earlier_hops(
-            &mut forwarded,
-            h.values_of("forwarded"),
-            fields::is_forwarded_list,
-        );
-    }
-    forwarded.extend_from_slice(client.forwarded_for.as_bytes());
-    forwarded.extend_from_slice(b";proto=");
-    forwarded.extend_from_slice(proto.as_bytes());
-    if let Some(host) = host {
-        forwarded.extend_from_slice(b";host=");
-        put_quoted(&mut forwarded, host);
-        if !xfh && !host.contains(&b',') {
-            if let Ok(v) = HeaderValue::from_bytes(host) {
-                added.push((X_FORWARDED_HOST, v));
-            }
-        }
-    }
-    if let Ok(v) = HeaderValue::from_maybe_shared(forwarded.freeze()) {
-        added.push((header::FORWARDED, v));
-    }
-    added
-}
-
-/// Appends the lines of a list field an earlier hop wrote, in order, each followed by `, ` so
-/// that this hop's element comes next; appends nothing if any line is not `valid`.
-fn put_earlier_hops<'a>(
-    out: &mut bytes::BytesMut,
-    lines: impl Iterator<Item = &'a [u8]>,
-    valid: impl Fn(&[u8]) -> bool,
-) {
-    let start = out.len();
-    for line in lines {
-        let line = line.trim_ascii();
-        if line.is_empty() {
-            continue;
-        }
-        if !valid(line) {
-            out.truncate(start);
-            return;
-        }
-        out.extend_from_slice(line);
-        out.extend_from_slice(b", ");
-    }
-}
-
-/// What an in-progress response carries besides its bytes; dropping it ends the exchange.
-struct Exchange {
-    backend: Arc<Backend>,
-    _in_flight: InFlight,
-    observer: Option<Box<dyn ExchangeObserver>>,
-    sent_at: Instant,
-    got_first_byte: bool,
-    sse: bool,
-    at_event_boundary: bool,
-    cache: Option<CacheReport>,
-}
-
-/// Reads a session's response for the usage its backend reports, and tells the session table
-/// whether that backend still held the session's cache.
-struct CacheReport {
-    scan: UsageScan,
-    session: SessionId,
-    lost_share: f64,
-    inner: Arc<Inner>,
-}
-
-impl CacheReport {
-    /// For a request the session table placed, when lost caches are judged.
-    fn new(inner: &Arc<Inner>, pool: &Pool, session: Option<SessionId>) -> Option<Self> {
-        let lost_share = pool.affinity.lost_cache_share;
-        (lost_share > 0.0).then_some(())?;
-        Some(Self {
-            scan: UsageScan::default(),
-            session: session?,
-            lost_share,
-            inner: inner.clone(),
-        })
-    }
-
-    fn report(self, backend: &Arc<Backend>) {
-        if let Some(usage) = self.scan.usage() {
-            self.inner
-                .router
-                .sessions
-                .report_cache(self.session, backend, usage, self.lost_share);
-        }
-    }
-}
-
-/// An exchange whose last bytes were handed to the client connection: it ends when the
-/// connection has written them ([`ProxyBody::delivered`]), as the agent's wait before its next
-/// request starts there, not when this thread, which may then wait for a core, handed them on;
-/// dropped undelivered (a failed write, or the HTTP/2 path, which has no such hook), it ends
-/// as they were handed on.
-struct Ending {
-    exchange: Option<Exchange>,
-    end: Option<ExchangeEnd>,
-    handed_on: Instant,
-}
-
-impl Ending {
-    fn finish_at(&mut self, at: Instant) {
-        if let (Some(exchange), Some(end)) = (self.exchange.take(), self.end.take()) {
-            exchange.finish_at(end, at);
-        }
-    }
-}
-
-impl Drop for Ending {
-    fn drop(&mut self) {
-        self.finish_at(self.handed_on);
-    }
-}
-
-impl Exchange {
-    fn handed_on(self, end: ExchangeEnd) -> Ending {
-        Ending {
-            exchange: Some(self),
-            end: Some(end),
-            handed_on: Instant::now(),
-        }
-    }
-
-    fn finish(self, end: ExchangeEnd) {
-        self.finish_at(end, Instant::now());
-    }
-
-    fn finish_at(mut self, end: ExchangeEnd, now: Instant) {
-        BackendMetrics::observe(
-            &self.backend.metrics.latency,
-            now.duration_since(self.sent_at),
-        );
-        if let (ExchangeEnd::Complete, Some(cache)) = (&end, self.cache.take()) {
-            cache.report(&self.backend);
-        }
-        if let Some(observer) = self.observer.take() {
-            observer.end(end, now);
-        }
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        // Reached only when the body is dropped before its end: the client went away.
-        if let Some(observer) = self.observer.take() {
-            observer.end(ExchangeEnd::ClientGone, Instant::now());
-        }
-    }
-}
-
-pin_project! {
-    /// The upstream body, forwarded frame by frame as it arrives: nothing is buffered, and it
-    /// polls upstream only when the client connection polls it, so backpressure holds. Dropping
-    /// it (client gone) drops the upstream body, which closes that upstream connection and so
-    /// cancels the request on the backend.
-    pub struct ObservedBody {
-        // First, so that dropped early they end the exchange before the connection closes.
-        ending: Option<Ending>,
-        exchange: Option<Exchange>,
-        // A frame read ahead of the head (bodies of known length), forwarded first; also the
-        // last frame while the observer is not ready for the end.
-        pending: Option<Result<Frame<Bytes>, BoxError>>,
-        // The inner body ended while the observer was not ready for the end.
-        ended: bool,
-        #[pin]
-        inner: UpstreamBody,
-    }
-}
-
-impl HttpBody for ObservedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
-        let Some(exchange) = this.exchange.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let item = match this.pending.take() {
-            Some(item) => Some(item),
-            None if *this.ended => None,
-            None => std::task::ready!(this.inner.as_mut().poll_frame(cx)),
-        };
-        // The exchange ends with this item: a recorder that waits for room (`full_policy =
-        // "block"`) holds it back here, slowing this response only, never the thread.
-        let last = match &item {
-            Some(Ok(_)) => this.inner.is_end_stream(),
-            _ => true,
-        };
-        if last {
-            if let Some(observer) = exchange.observer.as_mut() {
-                if observer.poll_ready(cx).is_pending() {
-                    match item {
-                        Some(item) => *this.pending = Some(item),
-                        None => *this.ended = true,
-                    }
-                    return Poll::Pending;
-                }
-            }
-        }
-        match item {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    if !exchange.got_first_byte && !data.is_empty() {
-                        exchange.got_first_byte = true;
-                        BackendMetrics::observe(
-                            &exchange.backend.metrics.ttfb,
-                            exchange.sent_at.elapsed(),
-                        );
-                    }
-                    if exchange.sse && !data.is_empty() {
-                        exchange.at_event_boundary = data.ends_with(b"\n\n");
-                    }
-                    if let Some(cache) = exchange.cache.as_mut() {
-                        cache.scan.feed(data);
-                    }
-                    if let Some(observer) = exchange.observer.as_mut() {
-                        observer.response_frame(data, Instant::now());
-                    }
-                }
-                // A body of known length ends with its last byte: hyper stops polling there
-                // (it never asks for the `None`), so the exchange ends here.
-                if this.inner.is_end_stream() {
-                    if let Some(exchange) = this.exchange.take() {
-                        *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            None => {
-                let exchange = this.exchange.take().expect("checked above");
-                if !exchange.got_first_byte {
-                    BackendMetrics::observe(
-                        &exchange.backend.metrics.ttfb,
-                        exchange.sent_at.elapsed(),
-                    );
-                }
-                *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
-                Poll::Ready(None)
-            }
-            Some(Err(e)) => {
-                let mut exchange = this.exchange.take().expect("checked above");
-                let cause = crate::telemetry::error_chain(&*e);
-                exchange.backend.metrics.error(ErrorKind::Stream);
-                tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
-                let sse = exchange.sse;
-                let boundary = exchange.at_event_boundary;
-                let message = format!(
-                    "backend {} failed mid-stream: {cause}",
-                    exchange.backend.name
-                );
-                if sse {
-                    let event = sse_error_event(&message, boundary);
-                    if let Some(observer) = exchange.observer.as_mut() {
-                        observer.response_frame(&event, Instant::now());
-                    }
-                    *this.ending = Some(exchange.handed_on(ExchangeEnd::UpstreamError(cause)));
-                    Poll::Ready(Some(Ok(Frame::data(event))))
-                } else {
-                    exchange.finish(ExchangeEnd::UpstreamError(cause));
-                    Poll::Ready(Some(Err(message.into())))
-                }
-            }
-        }
-    }
-
-    /// Ends only after the inner body said so through `poll_frame`, so the exchange is always
-    /// finished there (and never mistaken for a client that went away).
-    fn is_end_stream(&self) -> bool {
-        self.exchange.is_none() && self.pending.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let ahead = match &self.pending {
-            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
-            _ => 0,
-        };
-        let inner = self.inner.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + ahead);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + ahead);
-        }
-        hint
-    }
-}
-
-/// The SSE event that ends a stream cut by the backend; starts with a blank line when the cut
-/// fell inside an event, so the error is never glued onto a partial one.
-fn sse_error_event(message: &str, at_boundary: bool) -> Bytes {
-    let payload = serde_json::json!({"error": {"message": message, "type": "upstream_error"}});
-    let prefix = if at_boundary { "" } else { "\n\n" };
-    Bytes::from(format!("{prefix}data: {payload}\n\n"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn forwarded_headers_append_the_peer() {
-        let mut h = HeaderMap::new();
-        h.insert("host", "proxy.local".parse().unwrap());
-        h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
-        let out = forward_headers(
-            WireFields::from_map(&h),
-            &Uri::from_static("/"),
-            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
-        )
-        .to_map();
-        assert_eq!(out["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
-        assert_eq!(
-            out["forwarded"],
-            "for=192.0.2.7;proto=http;host=\"proxy.local\""
-        );
-        assert_eq!(out["x-forwarded-host"], "proxy.local");
-        assert!(!out.contains_key("host"));
-    }
-
-    #[test]
-    fn forwarded_headers_keep_earlier_hops_and_drop_what_the_proxy_redoes() {
-        let mut h = HeaderMap::new();
-        h.insert("host", "proxy.local".parse().unwrap());
-        h.insert("forwarded", "for=10.0.0.1".parse().unwrap());
-        h.insert("x-forwarded-host", "origin.example".parse().unwrap());
-        h.insert("expect", "100-continue".parse().unwrap());
-        h.insert("content-length", "2".parse().unwrap());
-        h.insert("te", "trailers".parse().unwrap());
-        h.insert("x-session-id", "s1".parse().unwrap());
-        let out = forward_headers(
-            WireFields::from_map(&h),
-            &Uri::from_static("/"),
-            &ClientConn::new("[2001:db8::1]:5000".parse().unwrap(), true, 0),
-        )
-        .to_map();
-        assert_eq!(
-            out["forwarded"],
-            "for=10.0.0.1, for=\"[2001:db8::1]\";proto=https;host=\"proxy.local\""
-        );
-        assert_eq!(out["x-forwarded-host"], "origin.example");
-        assert_eq!(out["x-forwarded-for"], "2001:db8::1");
-        assert_eq!(out["x-forwarded-proto"], "https");
-        for gone in ["expect", "content-length", "te", "host"] {
-            assert!(!out.contains_key(gone), "{gone} was forwarded: {out:?}");
-        }
-        assert_eq!(out["x-session-id"], "s1");
-    }
-
-    #[test]
-    fn forwarded_wire_fields_drop_hop_by_hop_names_in_any_case_and_keep_the_rest_as_sent() {
-        let mut raw = bytes::BytesMut::from(
-            &b"POST /v1/chat/completions HTTP/1.1\r\nHOST: proxy.local\r\n\
-               Connection: Keep-Alive, X-Private\r\nX-PRIVATE: 1\r\nKeep-Alive: timeout=5\r\n\
-               Expect: 100-continue\r\nContent-Length: 0\r\nX-Forwarded-For: 10.0.0.1\r\n\
-               X-Session-Id: s1\r\n\r\n"[..],
-        );
-        let head = crate::http1::parse_request(&mut raw).unwrap().unwrap();
-        let out = forward_headers(
-            head.headers,
-            &Uri::from_static("/"),
-            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
-        );
-        let names: Vec<&[u8]> = out.pairs().map(|(name, _)| name).collect();
-        assert_eq!(
-            names,
-            [
-                &b"X-Session-Id"[..],
-                b"x-forwarded-for",
-                b"x-forwarded-proto",
-                b"x-forwarded-host",
-                b"forwarded"
-            ]
-        );
-        let map = out.to_map();
-        assert_eq!(map["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
-        assert_eq!(map["x-forwarded-host"], "proxy.local");
-        assert_eq!(
-            map["forwarded"],
-            "for=192.0.2.7;proto=http;host=\"proxy.local\""
-        );
-    }
-
-    fn forwarded_for(pairs: &[(&str, &str)], uri: &'static str) -> HeaderMap {
-        let fields =
-            WireFields::from_pairs(pairs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
-        forward_headers(
-            fields,
-            &Uri::from_static(uri),
-            &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
-        )
-        .to_map()
-    }
-
-    /// Nothing a client sends can add an element to `Forwarded` or a host to
-    /// `X-Forwarded-Host`: a host that is not one is left out, and the host is quoted.
-    #[test]
-    fn client_values_cannot_inject_forwarded_elements() {
-        // As HTTP/2 could hand it over, had the head not been refused.
-        let out = forwarded_for(&[("host", "a\";for=6.6.6.6;x=\"")], "/");
-        assert_eq!(out["forwarded"], "for=192.0.2.7;proto=http");
-        assert!(!out.contains_key("x-forwarded-host"), "{out:?}");
-        // Sub-delimiters are valid in a host, and stay inside the quotes.
-        let out = forwarded_for(&[("host", "a;for=6.6.6.6,b")], "/");
-        assert_eq!(
-            out["forwarded"],
-            "for=192.0.2.7;proto=http;host=\"a;for=6.6.6.6,b\""
-        );
-        assert!(
-            !out.contains_key("x-forwarded-host"),
-            "a comma would read as a second hop: {out:?}"
-        );
-        // An earlier Forwarded with an open quote would swallow this hop's element.
-        let out = forwarded_for(&[("host", "p"), ("forwarded", "for=6.6.6.6;x=\"")], "/");
-        assert_eq!(out["forwarded"], "for=192.0.2.7;proto=http;host=\"p\"");
-    }
-
-    /// Every line of an earlier hop's list is continued, in order.
-    #[test]
-    fn several_forwarding_lines_are_combined() {
-        let out = forwarded_for(
-            &[
-                ("host", "p"),
-                ("x-forwarded-for", "10.0.0.1"),
-                ("forwarded", "for=10.0.0.1"),
-                ("X-Forwarded-For", "10.0.0.2, 10.0.0.3"),
-                ("Forwarded", "for=10.0.0.2;proto=https"),
-            ],
-            "/",
-        );
-        assert_eq!(
-            out["x-forwarded-for"],
-            "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7"
-        );
-        assert_eq!(
-            out["forwarded"],
-            "for=10.0.0.1, for=10.0.0.2;proto=https, for=192.0.2.7;proto=http;host=\"p\""
-        );
-        assert_eq!(out.get_all("x-forwarded-for").iter().count(), 1);
-        assert_eq!(out.get_all("forwarded").iter().count(), 1);
-    }
-
-    /// An absolute-form target (or HTTP/2's `:authority`) names the host, not `Host`.
-    #[test]
-    fn the_target_authority_governs_over_host() {
-        let out = forwarded_for(&[("host", "other.test")], "http://origin.test:8080/v1");
-        assert_eq!(out["x-forwarded-host"], "origin.test:8080");
-        assert_eq!(
-            out["forwarded"],
-            "for=192.0.2.7;proto=http;host=\"origin.test:8080\""
-        );
-    }
-
-    #[test]
-    fn sse_error_event_is_a_complete_event() {
-        let e = sse_error_event("boom \"x\"", true);
-        let text = std::str::from_utf8(&e).unwrap();
-        assert!(text.starts_with("data: {"));
-        assert!(text.ends_with("\n\n"));
-        let json: serde_json::Value =
-            serde_json::from_str(text.trim_start_matches("data: ").trim()).unwrap();
-        assert_eq!(json["error"]["type"], "upstream_error");
-        assert!(sse_error_event("x", false).starts_with(b"\n\ndata: "));
     }
 }

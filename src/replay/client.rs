@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
+use crate::remote::{self, ServerUrl, TlsConfigError, Trust, UrlError};
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +44,7 @@ pub enum ClientError {
     SwitchedProtocols,
     /// No TLS client configuration could be built.
     #[error("TLS configuration: {0}")]
-    Tls(#[source] rustls::Error),
+    Tls(TlsConfigError),
     /// The connection closed before the response was complete.
     #[error("connection closed before the response was complete")]
     Truncated,
@@ -63,49 +64,32 @@ pub enum ClientError {
 /// Where requests go.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// `https`?
-    pub tls: bool,
-    /// Host name or address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
+    /// The server, as the target URL names it.
+    pub server: ServerUrl,
     /// Request path of chat completions (base path + `/v1/chat/completions`).
     pub path: String,
 }
 
 impl Target {
-    /// Parses `http://host:port[/prefix]` or `https://…`.
-    pub fn parse(url: &str) -> Result<Target, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("not a URL ({e})"))?;
-        let tls = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => return Err("scheme must be http or https".into()),
-        };
-        let host = uri.host().ok_or("missing host")?.to_string();
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-        let base = uri.path().trim_end_matches('/');
-        Ok(Target {
-            tls,
-            host,
-            port,
-            path: format!("{base}/v1/chat/completions"),
-        })
+    /// Parses `http://host:port[/prefix]` or `https://…`; the error says what is wrong.
+    pub fn parse(url: &str) -> Result<Target, UrlError> {
+        let server = ServerUrl::parse(url)?;
+        let path = format!("{}/v1/chat/completions", server.path);
+        Ok(Target { server, path })
     }
 
+    /// The `Host` header: the port left out when it is the scheme's default, as the
+    /// reference client sends it.
     fn host_header(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
+        let s = &self.server;
+        let host = if s.host.contains(':') {
+            format!("[{}]", s.host)
         } else {
-            self.host.clone()
+            s.host.clone()
         };
-        match (self.tls, self.port) {
+        match (s.tls, s.port) {
             (false, 80) | (true, 443) => host,
-            _ => format!("{host}:{}", self.port),
+            _ => format!("{host}:{}", s.port),
         }
     }
 }
@@ -141,18 +125,8 @@ impl Connector {
         connect_timeout: Duration,
         max_response_bytes: usize,
     ) -> Result<Self, ClientError> {
-        let tls = if target.tls {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = roots.add(cert);
-            }
-            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(ClientError::Tls)?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = if target.server.tls {
+            let config = remote::client_config(Trust::Platform, &[]).map_err(ClientError::Tls)?;
             Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
         } else {
             None
@@ -199,14 +173,15 @@ impl Connector {
 
     /// Opens a new connection.
     pub async fn connect(&self) -> Result<TargetConnection, ClientError> {
-        let addr = format!("{}:{}", self.target.host, self.target.port);
+        let server = &self.target.server;
+        let addr = format!("{}:{}", server.host, server.port);
         let fail = |message: String| ClientError::Connect {
             addr: addr.clone(),
             message,
         };
         let tcp = tokio::time::timeout(
             self.connect_timeout,
-            TcpStream::connect((self.target.host.as_str(), self.target.port)),
+            TcpStream::connect((server.host.as_str(), server.port)),
         )
         .await
         .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
@@ -215,8 +190,7 @@ impl Connector {
         let io: Box<dyn TargetStream> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
-                let name = rustls::pki_types::ServerName::try_from(self.target.host.clone())
-                    .map_err(|e| fail(e.to_string()))?;
+                let name = server.server_name().map_err(|e| fail(e.to_string()))?;
                 Box::new(
                     tls.connect(name, tcp)
                         .await
@@ -586,5 +560,8 @@ mod tests {
         assert_eq!(t.path, "/base/v1/chat/completions");
         assert_eq!(t.host_header(), "127.0.0.1:9000");
         assert!(Target::parse("ftp://x").is_err());
+        let t = Target::parse("https://[::1]:443").unwrap();
+        assert_eq!(t.path, "/v1/chat/completions");
+        assert_eq!(t.host_header(), "[::1]");
     }
 }

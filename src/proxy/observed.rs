@@ -1,0 +1,352 @@
+//! The response body the proxy forwards: the backend's body frame by frame, with nothing
+//! buffered, while the backend's metrics and the tap's observer watch it go by; and the SSE
+//! event that ends a stream the backend cut. Apart from the trip upstream because it runs
+//! after [`super::upstream::forward`] has returned, for as long as the client reads.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use super::metrics::{BackendMetrics, ErrorKind};
+use super::pool::UpstreamBody;
+use super::routing::{Backend, InFlight, Pool, SessionId, UsageScan};
+use super::Inner;
+use crate::http_body::BoxError;
+use crate::tap::{ExchangeEnd, ExchangeObserver};
+
+/// What an in-progress response carries besides its bytes; dropping it ends the exchange.
+pub(crate) struct Exchange {
+    backend: Arc<Backend>,
+    _in_flight: InFlight,
+    observer: Option<Box<dyn ExchangeObserver>>,
+    sent_at: Instant,
+    got_first_byte: bool,
+    sse: bool,
+    at_event_boundary: bool,
+    cache: Option<CacheReport>,
+}
+
+/// Reads a session's response for the usage its backend reports, and tells the session table
+/// whether that backend still held the session's cache.
+pub(crate) struct CacheReport {
+    scan: UsageScan,
+    session: SessionId,
+    lost_share: f64,
+    inner: Arc<Inner>,
+}
+
+impl CacheReport {
+    /// For a request the session table placed, when lost caches are judged.
+    pub(crate) fn new(inner: &Arc<Inner>, pool: &Pool, session: Option<SessionId>) -> Option<Self> {
+        let lost_share = pool.affinity.lost_cache_share;
+        (lost_share > 0.0).then_some(())?;
+        Some(Self {
+            scan: UsageScan::default(),
+            session: session?,
+            lost_share,
+            inner: inner.clone(),
+        })
+    }
+
+    fn report(self, backend: &Arc<Backend>) {
+        if let Some(usage) = self.scan.usage() {
+            self.inner
+                .router
+                .sessions
+                .report_cache(self.session, backend, usage, self.lost_share);
+        }
+    }
+}
+
+/// An exchange whose last bytes were handed to the client connection: it ends when the
+/// connection has written them ([`delivered`]), as the agent's wait before its next request
+/// starts there, not when this thread, which may then wait for a core, handed them on;
+/// dropped undelivered (a failed write, or the HTTP/2 path, which has no such hook), it ends
+/// as they were handed on.
+struct Ending {
+    exchange: Option<Exchange>,
+    end: Option<ExchangeEnd>,
+    handed_on: Instant,
+}
+
+impl Ending {
+    fn finish_at(&mut self, at: Instant) {
+        if let (Some(exchange), Some(end)) = (self.exchange.take(), self.end.take()) {
+            exchange.finish_at(end, at);
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.finish_at(self.handed_on);
+    }
+}
+
+/// The connection has written the last bytes of `body` at `at`: its exchange ends then.
+pub(crate) fn delivered(body: &mut super::upstream::ProxyBody, at: Instant) {
+    if let http_body_util::Either::Left(observed) = body {
+        if let Some(mut ending) = observed.ending.take() {
+            ending.finish_at(at);
+        }
+    }
+}
+
+impl Exchange {
+    /// The exchange with `backend` whose request went out at `sent_at`, counted in flight
+    /// until it ends; `sse` when an error event may be appended to its body.
+    pub(crate) fn new(
+        backend: Arc<Backend>,
+        in_flight: InFlight,
+        observer: Option<Box<dyn ExchangeObserver>>,
+        sent_at: Instant,
+        sse: bool,
+        cache: Option<CacheReport>,
+    ) -> Self {
+        Self {
+            backend,
+            _in_flight: in_flight,
+            observer,
+            sent_at,
+            got_first_byte: false,
+            sse,
+            at_event_boundary: true,
+            cache,
+        }
+    }
+
+    fn handed_on(self, end: ExchangeEnd) -> Ending {
+        Ending {
+            exchange: Some(self),
+            end: Some(end),
+            handed_on: Instant::now(),
+        }
+    }
+
+    fn finish(self, end: ExchangeEnd) {
+        self.finish_at(end, Instant::now());
+    }
+
+    fn finish_at(mut self, end: ExchangeEnd, now: Instant) {
+        BackendMetrics::observe(
+            &self.backend.metrics.latency,
+            now.duration_since(self.sent_at),
+        );
+        if let (ExchangeEnd::Complete, Some(cache)) = (&end, self.cache.take()) {
+            cache.report(&self.backend);
+        }
+        if let Some(observer) = self.observer.take() {
+            observer.end(end, now);
+        }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // Reached only when the body is dropped before its end: the client went away.
+        if let Some(observer) = self.observer.take() {
+            observer.end(ExchangeEnd::ClientGone, Instant::now());
+        }
+    }
+}
+
+pin_project! {
+    /// The upstream body, forwarded frame by frame as it arrives: nothing is buffered, and it
+    /// polls upstream only when the client connection polls it, so backpressure holds. Dropping
+    /// it (client gone) drops the upstream body, which closes that upstream connection and so
+    /// cancels the request on the backend.
+    pub struct ObservedBody {
+        // First, so that dropped early they end the exchange before the connection closes.
+        ending: Option<Ending>,
+        exchange: Option<Exchange>,
+        // A frame read ahead of the head (bodies of known length), forwarded first; also the
+        // last frame while the observer is not ready for the end.
+        pending: Option<Result<Frame<Bytes>, BoxError>>,
+        // The inner body ended while the observer was not ready for the end.
+        ended: bool,
+        #[pin]
+        inner: UpstreamBody,
+    }
+}
+
+impl ObservedBody {
+    /// `inner` observed for `exchange`; `pending` is a frame read ahead of the head.
+    pub(crate) fn new(
+        inner: UpstreamBody,
+        pending: Option<Result<Frame<Bytes>, BoxError>>,
+        exchange: Exchange,
+    ) -> Self {
+        Self {
+            ending: None,
+            exchange: Some(exchange),
+            pending,
+            ended: false,
+            inner,
+        }
+    }
+
+    /// Ends the exchange of a response with no body to poll, complete at its head.
+    pub(crate) async fn complete_at_head(&mut self, head_at: Instant) {
+        if let Some(observer) = self.exchange.as_mut().and_then(|e| e.observer.as_mut()) {
+            std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
+        }
+        if let Some(exchange) = self.exchange.take() {
+            BackendMetrics::observe(
+                &exchange.backend.metrics.ttfb,
+                head_at.duration_since(exchange.sent_at),
+            );
+            exchange.finish(ExchangeEnd::Complete);
+        }
+    }
+}
+
+impl HttpBody for ObservedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        let Some(exchange) = this.exchange.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let item = match this.pending.take() {
+            Some(item) => Some(item),
+            None if *this.ended => None,
+            None => std::task::ready!(this.inner.as_mut().poll_frame(cx)),
+        };
+        // The exchange ends with this item: a recorder that waits for room (`full_policy =
+        // "block"`) holds it back here, slowing this response only, never the thread.
+        let last = match &item {
+            Some(Ok(_)) => this.inner.is_end_stream(),
+            _ => true,
+        };
+        if last {
+            if let Some(observer) = exchange.observer.as_mut() {
+                if observer.poll_ready(cx).is_pending() {
+                    match item {
+                        Some(item) => *this.pending = Some(item),
+                        None => *this.ended = true,
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+        match item {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if !exchange.got_first_byte && !data.is_empty() {
+                        exchange.got_first_byte = true;
+                        BackendMetrics::observe(
+                            &exchange.backend.metrics.ttfb,
+                            exchange.sent_at.elapsed(),
+                        );
+                    }
+                    if exchange.sse && !data.is_empty() {
+                        exchange.at_event_boundary = data.ends_with(b"\n\n");
+                    }
+                    if let Some(cache) = exchange.cache.as_mut() {
+                        cache.scan.feed(data);
+                    }
+                    if let Some(observer) = exchange.observer.as_mut() {
+                        observer.response_frame(data, Instant::now());
+                    }
+                }
+                // A body of known length ends with its last byte: hyper stops polling there
+                // (it never asks for the `None`), so the exchange ends here.
+                if this.inner.is_end_stream() {
+                    if let Some(exchange) = this.exchange.take() {
+                        *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            None => {
+                let exchange = this.exchange.take().expect("checked above");
+                if !exchange.got_first_byte {
+                    BackendMetrics::observe(
+                        &exchange.backend.metrics.ttfb,
+                        exchange.sent_at.elapsed(),
+                    );
+                }
+                *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
+                Poll::Ready(None)
+            }
+            Some(Err(e)) => {
+                let mut exchange = this.exchange.take().expect("checked above");
+                let cause = crate::telemetry::error_chain(&*e);
+                exchange.backend.metrics.error(ErrorKind::Stream);
+                tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
+                let sse = exchange.sse;
+                let boundary = exchange.at_event_boundary;
+                let message = format!(
+                    "backend {} failed mid-stream: {cause}",
+                    exchange.backend.name
+                );
+                if sse {
+                    let event = sse_error_event(&message, boundary);
+                    if let Some(observer) = exchange.observer.as_mut() {
+                        observer.response_frame(&event, Instant::now());
+                    }
+                    *this.ending = Some(exchange.handed_on(ExchangeEnd::UpstreamError(cause)));
+                    Poll::Ready(Some(Ok(Frame::data(event))))
+                } else {
+                    exchange.finish(ExchangeEnd::UpstreamError(cause));
+                    Poll::Ready(Some(Err(message.into())))
+                }
+            }
+        }
+    }
+
+    /// Ends only after the inner body said so through `poll_frame`, so the exchange is always
+    /// finished there (and never mistaken for a client that went away).
+    fn is_end_stream(&self) -> bool {
+        self.exchange.is_none() && self.pending.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let ahead = match &self.pending {
+            Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        };
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + ahead);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + ahead);
+        }
+        hint
+    }
+}
+
+/// The SSE event that ends a stream cut by the backend; starts with a blank line when the cut
+/// fell inside an event, so the error is never glued onto a partial one.
+fn sse_error_event(message: &str, at_boundary: bool) -> Bytes {
+    let payload = serde_json::json!({"error": {"message": message, "type": "upstream_error"}});
+    let prefix = if at_boundary { "" } else { "\n\n" };
+    Bytes::from(format!("{prefix}data: {payload}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_error_event_is_a_complete_event() {
+        let e = sse_error_event("boom \"x\"", true);
+        let text = std::str::from_utf8(&e).unwrap();
+        assert!(text.starts_with("data: {"));
+        assert!(text.ends_with("\n\n"));
+        let json: serde_json::Value =
+            serde_json::from_str(text.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(json["error"]["type"], "upstream_error");
+        assert!(sse_error_event("x", false).starts_with(b"\n\ndata: "));
+    }
+}
