@@ -796,6 +796,41 @@ mod tests {
     }
 
     /// Reads from the client's side until `needle` has arrived, failing after 10 s.
+    /// A one-worker proxy in front of the backend at `backend_addr`, without health probes.
+    fn one_backend(backend_addr: std::net::SocketAddr) -> super::super::config::ProxyConfig {
+        super::super::config::ProxyConfig::from_toml_str(&format!(
+            "listen = \"127.0.0.1:0\"\nworkers = 1\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [health]\ninterval_ms = 0\n[[backends]]\nname = \"a\"\nurl = \"http://{backend_addr}\"\n"
+        ))
+        .unwrap()
+    }
+
+    /// A client connection served by `proxy`'s ingress, `capacity` bytes each way, and the
+    /// writes the proxy makes to it.
+    fn client_of(
+        proxy: &super::super::ProxyHandle,
+        shutdown: crate::shutdown::Shutdown,
+        capacity: usize,
+    ) -> (DuplexStream, Arc<parking_lot::Mutex<Vec<Vec<u8>>>>) {
+        let writes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (client, proxy_side) = tokio::io::duplex(capacity);
+        let io = RecordingIo {
+            io: proxy_side,
+            writes: writes.clone(),
+        };
+        let peer = "127.0.0.1:40000".parse().unwrap();
+        tokio::spawn(serve(
+            io,
+            BytesMut::new(),
+            proxy.inner.clone(),
+            Arc::new(ClientConn::new(peer, false, 0)),
+            shutdown,
+            Instant::now(),
+            None,
+        ));
+        (client, writes)
+    }
+
     async fn read_until(client: &mut DuplexStream, got: &mut Vec<u8>, needle: &str) {
         let wait = async {
             while !contains(got, needle) {
@@ -851,29 +886,10 @@ mod tests {
             let _ = s.read(&mut [0u8; 64]).await;
         });
 
-        let config = super::super::config::ProxyConfig::from_toml_str(&format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 1\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-             [health]\ninterval_ms = 0\n[[backends]]\nname = \"a\"\nurl = \"http://{backend_addr}\"\n"
-        ))
-        .unwrap();
+        let config = one_backend(backend_addr);
         let (_trigger, shutdown) = crate::shutdown::channel();
         let proxy = super::super::start(config, shutdown.clone()).await.unwrap();
-        let writes = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let (mut client, proxy_side) = tokio::io::duplex(1 << 20);
-        let io = RecordingIo {
-            io: proxy_side,
-            writes: writes.clone(),
-        };
-        let peer = "127.0.0.1:40000".parse().unwrap();
-        tokio::spawn(serve(
-            io,
-            BytesMut::new(),
-            proxy.inner.clone(),
-            Arc::new(ClientConn::new(peer, false, 0)),
-            shutdown,
-            Instant::now(),
-            None,
-        ));
+        let (mut client, writes) = client_of(&proxy, shutdown, 1 << 20);
 
         client
             .write_all(b"GET /v1/stream HTTP/1.1\r\nhost: agentrace\r\nx-session-id: s\r\n\r\n")
@@ -955,11 +971,7 @@ mod tests {
             s.write_all(answer.as_bytes()).await.unwrap();
             let _ = s.read(&mut [0u8; 64]).await;
         });
-        let config = super::super::config::ProxyConfig::from_toml_str(&format!(
-            "listen = \"127.0.0.1:0\"\nworkers = 1\n[admin]\nlisten = \"127.0.0.1:0\"\n\
-             [health]\ninterval_ms = 0\n[[backends]]\nname = \"a\"\nurl = \"http://{backend_addr}\"\n"
-        ))
-        .unwrap();
+        let config = one_backend(backend_addr);
         let ends = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let (_trigger, shutdown) = crate::shutdown::channel();
         let proxy = super::super::start_with_sink(
@@ -970,22 +982,7 @@ mod tests {
         .await
         .unwrap();
         // Room for the head and a little of the body: the rest waits for the client.
-        let (mut client, proxy_side) = tokio::io::duplex(256);
-        let writes = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let io = RecordingIo {
-            io: proxy_side,
-            writes,
-        };
-        let peer = "127.0.0.1:40000".parse().unwrap();
-        tokio::spawn(serve(
-            io,
-            BytesMut::new(),
-            proxy.inner.clone(),
-            Arc::new(ClientConn::new(peer, false, 0)),
-            shutdown,
-            Instant::now(),
-            None,
-        ));
+        let (mut client, _) = client_of(&proxy, shutdown, 256);
         client
             .write_all(b"GET /v1/models HTTP/1.1\r\nhost: agentrace\r\n\r\n")
             .await
