@@ -192,8 +192,10 @@ async fn bounded_load_spills_then_the_session_sticks() {
     .await;
     let cool = TestBackend::spawn("cool").await;
     let mut config = config_for(&[&hot, &cool]);
-    // Only the in-flight bound moves sessions here, not the context new sessions bring.
+    // Only the in-flight bound moves sessions here, not the context new sessions bring; the
+    // factor is set so the arithmetic below holds whatever the default.
     config.affinity.context_factor = 0.0;
+    config.affinity.load_factor = 1.5;
     let proxy = start_proxy(config).await;
     let client = client();
 

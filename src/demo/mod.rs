@@ -48,7 +48,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub sweep: Option<String>,
     /// Bounded-load factor of the affinity run: a few dozen sessions hash unevenly over a
-    /// few replicas, and a tighter bound than the proxy's default 1.5 evens them out.
+    /// few replicas, and the bound evens them out (the proxy's default).
     #[arg(long, default_value_t = 1.25)]
     pub load_factor: f64,
     /// MLPerf agentic dataset to draw from [default: the standard set, generated on first use].

@@ -423,7 +423,7 @@ impl Default for AffinityConfig {
                 .map(|h| h.to_string())
                 .collect(),
             fingerprint: true,
-            load_factor: 1.5,
+            load_factor: 1.25,
             session_ttl_secs: 30 * 60,
             max_sessions: 1_000_000,
             context_factor: 1.1,
@@ -832,7 +832,7 @@ mod tests {
         assert_eq!(c.client.max_connections, 10_000);
         assert_eq!(c.client.max_tls_handshakes, 64);
         assert_eq!(c.affinity.policy, Policy::Session);
-        assert_eq!(c.affinity.load_factor, 1.5);
+        assert_eq!(c.affinity.load_factor, 1.25);
         assert_eq!(c.affinity.session_ttl_secs, 1800);
         assert_eq!(c.affinity.max_sessions, 1_000_000);
         assert_eq!(c.affinity.headers, DEFAULT_SESSION_HEADERS.to_vec());
