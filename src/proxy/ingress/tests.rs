@@ -106,6 +106,17 @@ fn client_of(
     (client, writes)
 }
 
+/// Reads a request head the proxy sends the backend.
+async fn read_head(s: &mut tokio::net::TcpStream) {
+    let mut head = Vec::new();
+    while !contains(&head, "\r\n\r\n") {
+        let mut buf = [0u8; 1024];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the proxy closed before sending a head");
+        head.extend_from_slice(&buf[..n]);
+    }
+}
+
 async fn read_until(client: &mut DuplexStream, got: &mut Vec<u8>, needle: &str) {
     let wait = async {
         while !contains(got, needle) {
@@ -138,13 +149,7 @@ async fn events_that_arrived_together_reach_the_client_in_one_write_and_none_wai
     let (release, released) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let (mut s, _) = backend.accept().await.unwrap();
-        let mut head = Vec::new();
-        while !contains(&head, "\r\n\r\n") {
-            let mut buf = [0u8; 1024];
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the proxy closed before sending a head");
-            head.extend_from_slice(&buf[..n]);
-        }
+        read_head(&mut s).await;
         // Three events in one write, as a backend's burst reaches the proxy in one read.
         let burst = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}{}{}",
@@ -235,13 +240,7 @@ async fn a_response_ends_when_its_last_bytes_are_written_not_when_handed_on() {
     );
     tokio::spawn(async move {
         let (mut s, _) = backend.accept().await.unwrap();
-        let mut head = Vec::new();
-        while !contains(&head, "\r\n\r\n") {
-            let mut buf = [0u8; 1024];
-            let n = s.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the proxy closed before sending a head");
-            head.extend_from_slice(&buf[..n]);
-        }
+        read_head(&mut s).await;
         s.write_all(answer.as_bytes()).await.unwrap();
         let _ = s.read(&mut [0u8; 64]).await;
     });
