@@ -13,9 +13,12 @@
 //! rendezvous choices holds the least. On top sit a bounded-load escape on requests in flight
 //! and a session table that remembers, with an idle TTL and an LRU bound,
 //! every placement that differs from the plain hash, so a session stays with the cache it built.
+//! Sessions that started together grow apart, which no first-turn placement foresees: when a
+//! backend's reported usage shows it evicted a session's cache, the session's next turn moves
+//! to the backend holding the least active context, if that holds less.
 //!
 //! Layout: `hash` (published hashes), `key` (session keys and turns), this file (backends,
-//! pool, decisions), `table` (the session table).
+//! pool, decisions), `table` (the session table), `usage` (the cache a response reports).
 
 mod hash;
 mod key;
