@@ -44,7 +44,9 @@ impl CacheReport {
     /// For a request the session table placed, when lost caches are judged.
     pub(crate) fn new(inner: &Arc<Inner>, pool: &Pool, session: Option<SessionId>) -> Option<Self> {
         let lost_share = pool.affinity.lost_cache_share;
-        (lost_share > 0.0).then_some(())?;
+        if lost_share <= 0.0 {
+            return None;
+        }
         Some(Self {
             scan: UsageScan::default(),
             session: session?,

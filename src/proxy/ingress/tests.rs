@@ -93,7 +93,8 @@ fn client_of(
         io: proxy_side,
         writes: writes.clone(),
     };
-    let peer = "127.0.0.1:40000".parse().unwrap();
+    // Never bound: the in-memory client has no port; only the address's IP is forwarded.
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     tokio::spawn(serve(
         io,
         BytesMut::new(),
