@@ -206,7 +206,7 @@ async fn proxy_run(
     Option<agentrace::capture::RecorderStats>,
 ) {
     let (stop, shutdown) = agentrace::shutdown::channel();
-    let mut sim_config = agentrace::sim::config::SimConfig {
+    let mut sim_config = agentrace::sim::SimConfig {
         time_scale: 0.0005,
         ..Default::default()
     };
@@ -244,7 +244,7 @@ async fn proxy_run(
         .await
         .unwrap();
     let out = tempfile::tempdir().unwrap();
-    let replay = agentrace::replay::config::ReplayConfig {
+    let replay = agentrace::replay::ReplayConfig {
         target: format!("http://{}", proxy.addr).into(),
         model_name: Some("m".into()),
         concurrency: 20,

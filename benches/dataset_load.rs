@@ -102,7 +102,7 @@ fn report(name: &str, times: &mut [Duration]) {
 }
 
 fn uncompressed_size(path: &std::path::Path) -> std::io::Result<u64> {
-    let mut reader = agentrace::dataset::load::open_lines(path)?;
+    let mut reader = agentrace::dataset::open_lines(path)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {

@@ -66,7 +66,7 @@ fn turn_body(conv: &Conversation, turn: &ClientTurn) -> Vec<u8> {
 enum Routing {
     /// Session i on replica i mod 4 (an even 5/5/5/5 placement).
     PinnedEven,
-    /// Session on replica fnv(conversation id) mod 4 (what a hash placement gives).
+    /// Session on replica FNV-1a(conversation id) mod 4 (what a hash placement gives).
     PinnedHash,
     /// Every request to the next replica in turn.
     RoundRobin,
@@ -109,7 +109,7 @@ fn replay(dataset: Arc<Dataset>, routing: Routing, num_gpu_blocks: usize) -> Rep
         for (s, conv) in dataset.conversations.iter().cloned().enumerate() {
             let pinned = match routing {
                 Routing::PinnedEven => s % REPLICAS,
-                _ => (agentrace::sim::render::fnv64(conv.id.as_bytes()) % REPLICAS as u64) as usize,
+                _ => (fnv1a(conv.id.as_bytes()) % REPLICAS as u64) as usize,
             };
             placement[pinned] += 1;
             let (addrs, next) = (addrs.clone(), next.clone());
@@ -410,4 +410,12 @@ fn cost(dataset: Option<Arc<Dataset>>) {
         sim.stop();
     }
     println!("(CPU from /proc/thread-self/schedstat of each runtime's single thread)");
+}
+
+/// 64-bit FNV-1a of the bytes: the hash a simple client-side router would place by.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = fnv::FnvHasher::default();
+    h.write(bytes);
+    h.finish()
 }

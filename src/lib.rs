@@ -1,11 +1,32 @@
 //! agentrace: a session-affinity proxy, traffic recorder and MLPerf agentic replayer for
 //! OpenAI-compatible LLM inference servers, with a simulated GPU backend for demos and tests.
 //!
+//! # Public API
+//!
+//! What a program embedding agentrace calls; everything else is crate-private (the
+//! `unreachable_pub` lint keeps it so). `examples/` shows each in use.
+//!
+//! - Proxy: [`proxy::start`] with a [`proxy::ProxyConfig`] (its parts in [`proxy::config`]),
+//!   or [`proxy::start_with_sink`] to receive every forwarded exchange through a
+//!   [`tap::ExchangeSink`]; [`capture::Recorder`] is the sink that writes capture files.
+//! - Simulator: [`sim::start`] (or [`sim::start_with_oracle`]) with a [`sim::SimConfig`].
+//! - Datasets: [`dataset::load`] into a [`dataset::Dataset`]; [`dataset::RequestBuilder`]
+//!   turns its turns into request bodies; [`dataset::synth`] writes the synthetic standard
+//!   set and [`dataset::snapshot`] converts the reference's snapshot format.
+//! - Replay: [`replay::run`] (closed loop) with a [`replay::ReplayConfig`], returning a
+//!   [`replay::ReplaySummary`]; [`replay::open_loop::run`] replays a capture on its recorded
+//!   clock; [`replay::sweep`] and [`replay::scorer`] are the Pareto sweep and the scorer.
+//! - Captures: [`capture::reader`] reads capture directories, [`capture::export`] writes the
+//!   MLPerf dataset format, [`capture::format`] is the record format itself.
+//! - The endpoint picker behind a gateway: [`epp::start`].
+//! - Every long-running part stops when the [`shutdown::Shutdown`] it was given fires
+//!   ([`shutdown::channel`]).
+//!
 //! # Layout
 //!
 //! Each module is one stage of a data path; a reader finds a step of a request by its name.
 //!
-//! - [`http1`]: the one HTTP/1.1 codec (heads, body framing, limits) that the proxy's ingress
+//! - `http1`: the one HTTP/1.1 codec (heads, body framing, limits) that the proxy's ingress
 //!   and upstream pool and the replay client all speak through.
 //! - [`proxy`]: listener → routing (session key, rendezvous affinity) → upstream (pooled
 //!   client, failover), which reports each exchange to the [`tap`]; plus health checks and
@@ -23,28 +44,29 @@
 //!   metrics, scorer and report; plus the Pareto sweep and the open-loop replay of a capture.
 //! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
 //! - [`demo`]: composes the above in one process to show what affinity is worth.
-//! - [`cli`], [`shutdown`], [`telemetry`]: process edges shared by every command.
-//! - [`remote`]: an http(s) server this process connects to: the one URL parser and the one
+//! - [`cli`], [`shutdown`], `telemetry`: process edges shared by every command.
+//! - `remote`: an http(s) server this process connects to: the one URL parser and the one
 //!   TLS client configuration of the proxy's upstream, the replay client and the endpoint picker.
-//! - [`random`]: the seeded random source of the synthetic dataset and the simulator.
-//! - [`timing`]: sleeps that end on time, for the replayer's sends and the simulator's tokens.
+//! - `random`: the seeded random source of the synthetic dataset and the simulator.
+//! - `timing`: sleeps that end on time, for the replayer's sends and the simulator's tokens.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
+#![deny(unreachable_pub)]
 
 pub mod capture;
 pub mod cli;
 pub mod dataset;
 pub mod demo;
 pub mod epp;
-pub mod http1;
-pub mod http_body;
+pub(crate) mod http1;
+pub(crate) mod http_body;
 pub mod proxy;
-pub mod random;
-pub mod remote;
+pub(crate) mod random;
+pub(crate) mod remote;
 pub mod replay;
 pub mod shutdown;
 pub mod sim;
 pub mod tap;
-pub mod telemetry;
-pub mod timing;
+pub(crate) mod telemetry;
+pub(crate) mod timing;

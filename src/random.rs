@@ -9,7 +9,7 @@ const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// One SplitMix64 step from state `z`: a well-mixed 64-bit value, also used as a hash
 /// finaliser.
-pub fn splitmix64(z: u64) -> u64 {
+pub(crate) fn splitmix64(z: u64) -> u64 {
     let mut z = z.wrapping_add(GAMMA);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -18,57 +18,57 @@ pub fn splitmix64(z: u64) -> u64 {
 
 /// A seeded SplitMix64 stream.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     /// The stream for `seed`: its n-th draw (counting from 1) is `splitmix64(seed + n·γ)`.
-    pub fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_add(GAMMA))
     }
 
     /// The stream whose first draw is `splitmix64(state)`: for streams that are fixed
     /// constants rather than seeds.
-    pub fn from_state(state: u64) -> Rng {
+    pub(crate) fn from_state(state: u64) -> Rng {
         Rng(state)
     }
 
     /// An independent stream for item `index` of `domain` under `seed`, so adding items to
     /// one domain never shifts another's draws.
-    pub fn for_item(seed: u64, domain: u64, index: u64) -> Rng {
+    pub(crate) fn for_item(seed: u64, domain: u64, index: u64) -> Rng {
         let mut r = Rng(seed ^ domain.wrapping_mul(0xA076_1D64_78BD_642F));
         let mixed = r.next_u64() ^ index.wrapping_mul(0xE703_7ED1_A0B4_28DB);
         Rng(mixed)
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         let z = self.0;
         self.0 = self.0.wrapping_add(GAMMA);
         splitmix64(z)
     }
 
     /// Uniform in [0, 1).
-    pub fn f64(&mut self) -> f64 {
+    pub(crate) fn f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Uniform integer in `lo..=hi`.
-    pub fn int(&mut self, lo: usize, hi: usize) -> usize {
+    pub(crate) fn int(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
     }
 
     /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
         self.f64() < p
     }
 
     /// One of `items`, uniformly.
-    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    pub(crate) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.int(0, items.len() - 1)]
     }
 
     /// Picks by weight from `(weight, item)` pairs.
-    pub fn weighted<'a, T>(&mut self, items: &'a [(u32, T)]) -> &'a T {
+    pub(crate) fn weighted<'a, T>(&mut self, items: &'a [(u32, T)]) -> &'a T {
         let total: u32 = items.iter().map(|(w, _)| w).sum();
         let mut x = (self.next_u64() % total as u64) as u32;
         for (w, item) in items {
@@ -81,24 +81,24 @@ impl Rng {
     }
 
     /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let u1 = self.f64().max(1e-12);
         let u2 = self.f64();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 
     /// Log-normal with the given median and log-space sigma.
-    pub fn lognormal(&mut self, median: f64, sigma: f64) -> f64 {
+    pub(crate) fn lognormal(&mut self, median: f64, sigma: f64) -> f64 {
         median * (sigma * self.normal()).exp()
     }
 
     /// Log-uniform in `[lo, hi]`.
-    pub fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
+    pub(crate) fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
         (lo.ln() + self.f64() * (hi.ln() - lo.ln())).exp()
     }
 
     /// `n` random hex digits.
-    pub fn hex(&mut self, n: usize) -> String {
+    pub(crate) fn hex(&mut self, n: usize) -> String {
         let mut s = String::with_capacity(n);
         while s.len() < n {
             let _ = write!(s, "{:016x}", self.next_u64());

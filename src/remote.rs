@@ -131,7 +131,7 @@ impl fmt::Display for ServerUrl {
 
 /// Which certificate authorities a TLS client trusts.
 #[derive(Debug, Clone, Copy)]
-pub enum Trust<'a> {
+pub(crate) enum Trust<'a> {
     /// The platform's store (as `rustls-native-certs` finds it), for servers on the internet.
     Platform,
     /// Only the certificates in this PEM file: a private CA, a cluster's service-account CA.
@@ -159,7 +159,7 @@ pub enum TlsConfigError {
 
 /// A rustls client configuration (`ring` provider, the safe default protocol versions, no
 /// client certificate) trusting `trust`, offering the `alpn` protocols in order of preference.
-pub fn client_config(
+pub(crate) fn client_config(
     trust: Trust<'_>,
     alpn: &[&[u8]],
 ) -> Result<rustls::ClientConfig, TlsConfigError> {

@@ -15,7 +15,7 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber; `RUST_LOG` overrides `default_level`.
-pub fn init(format: LogFormat, default_level: &str) {
+pub(crate) fn init(format: LogFormat, default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     // Colour only for a person at a terminal: log files and collectors get plain text.
@@ -33,7 +33,7 @@ pub fn init(format: LogFormat, default_level: &str) {
 /// The message of an error followed by its causes, for logs and error events. A cause whose
 /// text already ends the message is not repeated: many errors put their source in their own
 /// message and return it as their `source()` too, and printing both doubled the cause.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -48,7 +48,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// [`error_chain`] of an error at the edge of the program.
-pub fn report(e: &anyhow::Error) -> String {
+pub(crate) fn report(e: &anyhow::Error) -> String {
     error_chain(e.as_ref())
 }
 

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// Waits until `deadline`, waking within tens of microseconds of it rather than on tokio's
 /// next millisecond tick. No spinning and no extra thread: the runtime's own poll of its
 /// sockets wakes when the kernel timer fires.
-pub fn sleep_until(deadline: Instant) -> Sleep {
+pub(crate) fn sleep_until(deadline: Instant) -> Sleep {
     Sleep {
         deadline,
         coarse: Box::pin(tokio::time::sleep_until(deadline)),
@@ -26,7 +26,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 }
 
 /// The future of [`sleep_until`].
-pub struct Sleep {
+pub(crate) struct Sleep {
     deadline: Instant,
     coarse: Pin<Box<tokio::time::Sleep>>,
     precise: Option<Pin<Box<Precise>>>,

@@ -506,7 +506,7 @@ async fn fleet_export_rebuilds_every_conversation_across_replicas() {
 
     let dataset = agentrace::dataset::load(&out, &Default::default()).unwrap();
     assert_eq!(dataset.conversations.len(), 7);
-    let replay_config = agentrace::replay::config::ReplayConfig {
+    let replay_config = agentrace::replay::ReplayConfig {
         target: format!("http://{}", sim.addrs()[0]).into(),
         dataset: Some(out.clone()),
         model_name: Some("m".into()),

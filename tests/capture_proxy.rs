@@ -77,7 +77,7 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     let second = dir.path().join("second");
     let (stop_second, second_shutdown) = agentrace::shutdown::channel();
     let replay_proxy = start_proxy(&sim.addrs(), Some(config(&second)), second_shutdown).await;
-    let replay_config = agentrace::replay::config::ReplayConfig {
+    let replay_config = agentrace::replay::ReplayConfig {
         target: format!("http://{}", replay_proxy.addr).into(),
         dataset: Some(dataset_path.clone()),
         model_name: Some("m".into()),

@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use agentrace::dataset::lines::DEFAULT_MAX_LINE_BYTES;
+use agentrace::dataset::DEFAULT_MAX_LINE_BYTES;
 use agentrace::dataset::{load, DatasetError, LoadOptions};
 use support::dataset::{coding_conversation, jsonl, sample_path, write_file, write_rows};
 

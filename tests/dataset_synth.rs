@@ -8,8 +8,8 @@ mod support;
 use std::process::Command;
 
 use agentrace::dataset::snapshot::convert;
-use agentrace::dataset::stats::DatasetStats;
 use agentrace::dataset::synth::{ensure_standard_set, generate, SynthOptions};
+use agentrace::dataset::DatasetStats;
 use agentrace::dataset::{
     load, load_reader, Domain, LoadOptions, ModelParams, RequestBuilder, Role,
 };

@@ -15,7 +15,7 @@ mod support;
 use std::sync::Arc;
 
 use agentrace::dataset::ModelParams;
-use agentrace::replay::config::ReplayConfig;
+use agentrace::replay::ReplayConfig;
 use serde_json::Value;
 use support::engine::{artefacts, Engine};
 

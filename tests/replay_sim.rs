@@ -355,13 +355,13 @@ async fn sweep_writes_the_pareto_files() {
             pass: false,
         },
     ];
-    let verdict = replay::report::verdict(&gates).unwrap();
+    let verdict = replay::verdict(&gates).unwrap();
     assert_eq!(
         verdict,
         "FAIL: osl_per_turn_mean 24.0000 not 355-434 tokens"
     );
-    assert_eq!(replay::report::verdict(&gates[..1]).unwrap(), "PASS");
-    assert_eq!(replay::report::verdict(&[]), None);
+    assert_eq!(replay::verdict(&gates[..1]).unwrap(), "PASS");
+    assert_eq!(replay::verdict(&[]), None);
     let mut gated = points.clone();
     for p in &mut gated {
         p.verdict = Some(verdict.clone());

@@ -33,7 +33,7 @@ pub(crate) struct DeltaBases {
 
 impl DeltaBases {
     /// Empty bases that stay within `bound` bytes (keys and bodies), or grow without one.
-    pub fn new(bound: Option<u64>) -> Self {
+    pub(super) fn new(bound: Option<u64>) -> Self {
         DeltaBases {
             bound,
             bases: HashMap::new(),
@@ -44,7 +44,7 @@ impl DeltaBases {
     }
 
     /// The base of `session`'s next delta; `None` when there is none or it is empty.
-    pub fn get(&self, session: &str) -> Option<&Bytes> {
+    pub(super) fn get(&self, session: &str) -> Option<&Bytes> {
         self.bases
             .get(session)
             .map(|b| &b.body)
@@ -53,7 +53,7 @@ impl DeltaBases {
 
     /// Makes `body` the base of `session`'s next request, then forgets the least recently
     /// set bases while above the bound.
-    pub fn set(&mut self, session: &str, body: Bytes) {
+    pub(super) fn set(&mut self, session: &str, body: Bytes) {
         self.sets += 1;
         let set_at = self.sets;
         self.bytes += body.len() as u64;
@@ -87,13 +87,13 @@ impl DeltaBases {
     }
 
     /// Bytes kept: every kept session's key plus its base body.
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Whether `session` has a base (possibly empty).
     #[cfg(test)]
-    pub fn contains(&self, session: &str) -> bool {
+    pub(super) fn contains(&self, session: &str) -> bool {
         self.bases.contains_key(session)
     }
 }

@@ -74,7 +74,7 @@ pub enum CaptureCommand {
 }
 
 /// Runs one capture subcommand.
-pub async fn run(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(cmd: CaptureCommand) -> anyhow::Result<ExitCode> {
     // Reading and decompressing is blocking work: keep it off the runtime's threads.
     tokio::task::spawn_blocking(move || run_blocking(cmd)).await?
 }
@@ -229,7 +229,7 @@ fn replica_of(h: &format::SegmentHeader) -> String {
 
 /// What `capture stats` reports.
 #[derive(Debug, Default, serde::Serialize)]
-pub struct CaptureStats {
+pub(crate) struct CaptureStats {
     /// Segment files.
     pub segments: usize,
     /// Distinct session keys.
@@ -312,7 +312,7 @@ impl CaptureStats {
 }
 
 /// Summarises the captures in `paths` (one per replica, or directories of them).
-pub fn stats(paths: &[PathBuf]) -> anyhow::Result<CaptureStats> {
+pub(crate) fn stats(paths: &[PathBuf]) -> anyhow::Result<CaptureStats> {
     let dirs = merge::capture_dirs(paths)?;
     let mut s = CaptureStats {
         directories: dirs.len(),

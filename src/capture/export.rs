@@ -48,10 +48,10 @@ impl Default for ExportOptions {
 }
 
 /// Clocks synchronised by NTP agree within milliseconds; a second leaves a wide margin.
-pub const DEFAULT_MAX_SKEW_MS: u64 = 1000;
+pub(crate) const DEFAULT_MAX_SKEW_MS: u64 = 1000;
 
 /// Enough to export most captures without touching the disk; small beside a proxy's memory.
-pub const DEFAULT_SORT_BUFFER_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_SORT_BUFFER_BYTES: usize = 64 << 20;
 
 /// What an export wrote and what it left out.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -672,7 +672,7 @@ fn assistant_row(m: &Value) -> Option<Map<String, Value>> {
 
 /// The assistant message of a recorded response: the JSON body's `choices[0].message`, or the
 /// SSE deltas of `choices[0]` merged as the reference client merges them.
-pub fn response_message(e: &Exchange) -> Option<Value> {
+pub(crate) fn response_message(e: &Exchange) -> Option<Value> {
     let resp = e.record.response.as_ref()?;
     if !(200..300).contains(&resp.status) || !e.record.complete {
         return None;
@@ -783,7 +783,7 @@ pub fn assistant_from_sse(body: &[u8]) -> Option<Value> {
 }
 
 /// A conversation id from a session key: only ASCII 32..126 is allowed, others become `_`.
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let s: String = key
         .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '_' })
@@ -811,7 +811,7 @@ fn unique(used: &mut HashSet<String>, base: &str) -> String {
 
 /// A string of the same length in characters as `s`, derived from its hash: equal texts stay
 /// equal, lengths (and so token counts, roughly) are kept, the words are gone.
-pub fn mask(s: &str) -> String {
+pub(crate) fn mask(s: &str) -> String {
     let digest = super::format::short_sha256(s.as_bytes());
     digest.chars().cycle().take(s.chars().count()).collect()
 }

@@ -12,7 +12,7 @@ use super::reader::{self, Capture, Cut, Entry, Exchange, SegmentReader};
 use super::CaptureError;
 
 /// The paths as one text, for messages.
-pub fn names(paths: &[PathBuf]) -> String {
+pub(crate) fn names(paths: &[PathBuf]) -> String {
     paths
         .iter()
         .map(|p| p.display().to_string())
@@ -23,7 +23,7 @@ pub fn names(paths: &[PathBuf]) -> String {
 /// The capture directories `paths` name: a path holding segments is one; a path holding none
 /// stands for its sub-directories that hold segments (a directory of replica directories),
 /// or, when it has none either, for itself (an empty capture).
-pub fn capture_dirs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
+pub(crate) fn capture_dirs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, CaptureError> {
     let mut out = Vec::new();
     for path in paths {
         if !reader::segments(path)?.is_empty() {
@@ -83,7 +83,7 @@ fn streams(dirs: &[PathBuf]) -> Result<Vec<VecDeque<PathBuf>>, CaptureError> {
 
 /// Calls `f` for every entry of every segment of `dirs`, directory by directory, in file
 /// order; returns the cuts. For summaries that need no order across replicas.
-pub fn for_each(
+pub(crate) fn for_each(
     dirs: &[PathBuf],
     mut f: impl FnMut(&Path, Entry) -> Result<(), CaptureError>,
 ) -> Result<Vec<Cut>, CaptureError> {
@@ -123,7 +123,7 @@ impl Stream {
 /// Calls `f` for every exchange of `dirs` in end-time order across replicas (each recorder
 /// writes its exchanges as they end, so each stream is already in that order); returns the
 /// cuts. Holds one exchange per stream at a time.
-pub fn for_each_exchange(
+pub(crate) fn for_each_exchange(
     dirs: &[PathBuf],
     mut f: impl FnMut(Exchange) -> Result<(), CaptureError>,
 ) -> Result<Vec<Cut>, CaptureError> {
@@ -157,7 +157,7 @@ pub fn for_each_exchange(
 }
 
 /// Reads every capture of `paths` into memory (as [`reader::read_dir`] does for one).
-pub fn read_all(paths: &[PathBuf]) -> Result<Capture, CaptureError> {
+pub(crate) fn read_all(paths: &[PathBuf]) -> Result<Capture, CaptureError> {
     let dirs = capture_dirs(paths)?;
     let mut capture = Capture::default();
     for dir in &dirs {

@@ -8,16 +8,16 @@
 //! recorded times.
 
 mod bases;
-pub mod cli;
+pub(crate) mod cli;
 pub mod export;
 pub mod format;
-pub mod merge;
+pub(crate) mod merge;
 pub mod reader;
-pub mod redact;
-pub mod sink;
+pub(crate) mod redact;
+pub(crate) mod sink;
 mod spill;
 mod turns;
-pub mod writer;
+pub(crate) mod writer;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

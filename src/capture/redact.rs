@@ -136,7 +136,7 @@ pub(crate) struct Redactor {
 
 impl Redactor {
     /// Compiles the patterns; the error names the field and the bad entry.
-    pub fn new(
+    pub(crate) fn new(
         mode: HeaderMode,
         redact_headers: &[String],
         keep_headers: &[String],
@@ -151,7 +151,7 @@ impl Redactor {
     }
 
     /// The headers as stored: `[name, value]` pairs in arrival order.
-    pub fn headers(&self, map: &http::HeaderMap) -> Vec<(String, String)> {
+    pub(crate) fn headers(&self, map: &http::HeaderMap) -> Vec<(String, String)> {
         map.iter()
             .filter(|(name, _)| {
                 let name = name.as_str();
@@ -172,7 +172,7 @@ impl Redactor {
 
     /// The path and query as stored: the value of every query parameter whose (decoded,
     /// lower-cased) name matches `redact_query_params` becomes `REDACTED-<hash>`.
-    pub fn path(&self, path_and_query: &str) -> String {
+    pub(crate) fn path(&self, path_and_query: &str) -> String {
         let Some((path, query)) = path_and_query.split_once('?') else {
             return path_and_query.to_owned();
         };

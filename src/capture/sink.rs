@@ -119,7 +119,7 @@ impl Shared {
     }
 
     /// Returns `n` held bytes.
-    pub fn release(&self, n: u64) {
+    pub(crate) fn release(&self, n: u64) {
         self.held_bytes.fetch_sub(n, Ordering::AcqRel);
     }
 
@@ -133,7 +133,7 @@ impl Shared {
     /// Stops accepting records and tells the writer to finish once it has written the
     /// records queued before; exchanges waiting for room give up (their records are counted
     /// as dropped). Never blocks: `Close` needs no slot.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
             self.slots.close();
             let _ = self.tx.send(Msg::Close);
@@ -141,7 +141,7 @@ impl Shared {
     }
 
     /// Gives back the slot of a record the writer has taken off the queue.
-    pub fn slot_freed(&self) {
+    pub(crate) fn slot_freed(&self) {
         self.slots.add_permits(1);
     }
 
@@ -155,7 +155,7 @@ impl Shared {
 }
 
 /// The [`ExchangeSink`] the proxy reports to.
-pub struct RecorderSink {
+pub(crate) struct RecorderSink {
     shared: Arc<Shared>,
     policy: FullPolicy,
     next_id: AtomicU64,

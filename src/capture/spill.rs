@@ -156,7 +156,7 @@ pub(crate) struct Sorter {
 
 impl Sorter {
     /// A sorter for the export to `out`, holding up to `budget` bytes of turns.
-    pub fn new(out: &Path, budget: usize) -> Sorter {
+    pub(super) fn new(out: &Path, budget: usize) -> Sorter {
         Sorter {
             dir: SpillDir::new(out, "turns"),
             budget,
@@ -167,7 +167,7 @@ impl Sorter {
     }
 
     /// Takes one turn; past the budget, the buffer goes to disk as a sorted run.
-    pub fn push(&mut self, turn: Spilled) -> Result<(), CaptureError> {
+    pub(super) fn push(&mut self, turn: Spilled) -> Result<(), CaptureError> {
         self.held += turn.size();
         self.buf.push(turn);
         if self.held > self.budget {
@@ -195,7 +195,7 @@ impl Sorter {
     }
 
     /// Every turn taken, in order. Runs written to disk: [`Sorted::runs`].
-    pub fn finish(mut self) -> Result<Sorted, CaptureError> {
+    pub(super) fn finish(mut self) -> Result<Sorted, CaptureError> {
         self.buf.sort_unstable_by(|a, b| a.order().cmp(&b.order()));
         let mut sources = Vec::new();
         for path in &self.runs {
@@ -256,7 +256,7 @@ pub(crate) struct Sorted {
 
 impl Sorted {
     /// Runs that were written to disk (0 when every turn fitted in the buffer).
-    pub fn runs(&self) -> usize {
+    pub(super) fn runs(&self) -> usize {
         self.runs
     }
 
@@ -272,7 +272,7 @@ impl Sorted {
     }
 
     /// The next turn in `(group, start, seq)` order.
-    pub fn next_turn(&mut self) -> Result<Option<Spilled>, CaptureError> {
+    pub(super) fn next_turn(&mut self) -> Result<Option<Spilled>, CaptureError> {
         let Some(Head(turn, i)) = self.heap.pop() else {
             return Ok(None);
         };
@@ -295,7 +295,7 @@ pub(crate) struct RowStore {
 
 impl RowStore {
     /// A store for the export to `out`, holding up to `budget` bytes of rows in memory.
-    pub fn new(out: &Path, budget: usize) -> RowStore {
+    pub(super) fn new(out: &Path, budget: usize) -> RowStore {
         RowStore {
             dir: SpillDir::new(out, "rows"),
             budget,
@@ -307,7 +307,11 @@ impl RowStore {
     }
 
     /// Keeps one conversation's rows (JSON lines), which started at `first_start_unix_ns`.
-    pub fn add(&mut self, first_start_unix_ns: u64, rows: &[u8]) -> Result<(), CaptureError> {
+    pub(super) fn add(
+        &mut self,
+        first_start_unix_ns: u64,
+        rows: &[u8],
+    ) -> Result<(), CaptureError> {
         let n = self.index.len() as u64;
         self.index
             .push((first_start_unix_ns, n, self.len, rows.len() as u64));
@@ -330,7 +334,11 @@ impl RowStore {
     }
 
     /// Writes every conversation's rows to `w`, in order of first appearance.
-    pub fn write_ordered(mut self, w: &mut dyn Write, out: &Path) -> Result<(), CaptureError> {
+    pub(super) fn write_ordered(
+        mut self,
+        w: &mut dyn Write,
+        out: &Path,
+    ) -> Result<(), CaptureError> {
         self.index.sort_unstable();
         let Some((path, file)) = self.file.take() else {
             for &(_, _, at, len) in &self.index {

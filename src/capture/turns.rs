@@ -20,7 +20,7 @@ pub(crate) struct Window {
 
 impl Window {
     /// A window tolerating clocks up to `skew_ns` apart.
-    pub fn new(skew_ns: u64) -> Window {
+    pub(super) fn new(skew_ns: u64) -> Window {
         Window {
             skew_ns,
             seq: 0,
@@ -32,7 +32,7 @@ impl Window {
 
     /// Takes `turn`, read when its session's turns stood at `watermark_ns` (the start of the
     /// turn just read), and hands `builder` every turn no earlier one can precede now.
-    pub fn push(&mut self, turn: Turn, watermark_ns: u64, builder: &mut Builder) {
+    pub(super) fn push(&mut self, turn: Turn, watermark_ns: u64, builder: &mut Builder) {
         self.seq += 1;
         let k = (turn.start_unix_ns, self.seq);
         if let Some(s) = &turn.key {
@@ -48,7 +48,7 @@ impl Window {
     }
 
     /// Hands every held turn to `builder`.
-    pub fn finish(&mut self, builder: &mut Builder) {
+    pub(super) fn finish(&mut self, builder: &mut Builder) {
         while !self.pending.is_empty() {
             self.release_first(builder);
         }

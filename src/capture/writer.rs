@@ -36,7 +36,7 @@ pub(crate) struct WriterHandle {
 
 impl WriterHandle {
     /// Resolves once the writer has closed its last segment (or died).
-    pub async fn join(self) {
+    pub(crate) async fn join(self) {
         let _ = self.done.await;
     }
 }

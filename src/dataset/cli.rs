@@ -70,7 +70,7 @@ pub enum DatasetCommand {
 }
 
 /// Runs one dataset subcommand.
-pub async fn run(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(cmd: DatasetCommand) -> anyhow::Result<ExitCode> {
     tokio::task::spawn_blocking(move || run_blocking(cmd))
         .await
         .context("the dataset task panicked")?

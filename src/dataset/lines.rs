@@ -10,7 +10,7 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why the next line could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum LineError {
+pub(crate) enum LineError {
     /// Reading failed.
     #[error("line {line}: {source}")]
     Io {
@@ -30,7 +30,7 @@ pub enum LineError {
 }
 
 /// Reads `\n`-terminated lines of at most `max` bytes (the terminator not counted).
-pub struct Lines<R> {
+pub(crate) struct Lines<R> {
     inner: R,
     max: usize,
     line_no: usize,
@@ -39,7 +39,7 @@ pub struct Lines<R> {
 
 impl<R: BufRead> Lines<R> {
     /// Lines of `inner`, each at most `max` bytes.
-    pub fn new(inner: R, max: usize) -> Self {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
         Self {
             inner,
             max,
@@ -49,7 +49,7 @@ impl<R: BufRead> Lines<R> {
     }
 
     /// The next line's 1-based number and bytes (without its `\n`), or `None` at the end.
-    pub fn next_line(&mut self) -> Result<Option<(usize, &[u8])>, LineError> {
+    pub(crate) fn next_line(&mut self) -> Result<Option<(usize, &[u8])>, LineError> {
         self.buf.clear();
         let line = self.line_no + 1;
         loop {
@@ -92,7 +92,8 @@ impl<R: BufRead> Lines<R> {
     }
 
     /// The reader, positioned after the last line read.
-    pub fn into_inner(self) -> R {
+    #[cfg(test)]
+    pub(crate) fn into_inner(self) -> R {
         self.inner
     }
 }

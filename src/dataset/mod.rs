@@ -6,7 +6,7 @@
 //! already encoded as wire JSON; a client turn is a prefix length into it, so memory grows
 //! with the file and not with turns squared.
 
-pub mod cli;
+pub(crate) mod cli;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -137,17 +137,20 @@ impl ExpectedReply {
     }
 }
 
-pub mod lines;
-pub mod load;
-pub mod request;
-pub mod salt;
+pub(crate) mod lines;
+pub(crate) mod load;
+pub(crate) mod request;
+pub(crate) mod salt;
 pub mod snapshot;
-pub mod stats;
+pub(crate) mod stats;
 pub mod synth;
 
+pub use lines::DEFAULT_MAX_LINE_BYTES;
+pub use load::open_lines;
 pub use load::{load, load_reader, DatasetError, LoadOptions, Rule, ValidationError};
 pub use request::{ModelParams, RequestBuilder, PRESETS};
 pub use salt::Salt;
+pub use stats::DatasetStats;
 
 impl Dataset {
     /// Client turns (requests) in one pass over the dataset.

@@ -15,7 +15,7 @@ pub struct Salt {
 
 /// Lowercase hex of BLAKE2b with a 2-byte output. The output length is a BLAKE2b
 /// parameter (it changes every byte of the digest), not a truncation of a longer digest.
-pub fn blake2b_2(input: &[u8]) -> String {
+pub(crate) fn blake2b_2(input: &[u8]) -> String {
     let mut hasher = Blake2bVar::new(2).expect("2 is a valid BLAKE2b output size");
     hasher.update(input);
     let mut digest = [0u8; 2];

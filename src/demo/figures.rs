@@ -18,7 +18,7 @@ pub struct UserTokens {
 
 /// Client-side TTFT of every answered turn in simulated ms: `sample.issued` to
 /// `sample.recv_first` of the same sample, wall-clock ns divided by `time_scale`.
-pub fn client_ttfts_ms(events: &Path, time_scale: f64) -> anyhow::Result<Vec<f64>> {
+pub(super) fn client_ttfts_ms(events: &Path, time_scale: f64) -> anyhow::Result<Vec<f64>> {
     #[derive(serde::Deserialize)]
     struct Line<'a> {
         event_type: &'a str,
@@ -49,7 +49,7 @@ pub fn client_ttfts_ms(events: &Path, time_scale: f64) -> anyhow::Result<Vec<f64
 }
 
 /// `metrics.per_user` of a `result_summary.json`, its bucket width in simulated seconds.
-pub fn user_tokens(summary: &Path, time_scale: f64) -> anyhow::Result<UserTokens> {
+pub(super) fn user_tokens(summary: &Path, time_scale: f64) -> anyhow::Result<UserTokens> {
     let text = std::fs::read_to_string(summary)
         .with_context(|| format!("cannot read {}", summary.display()))?;
     let doc: serde_json::Value =

@@ -104,7 +104,7 @@ fn ratio(row: &Row, runs: &[PolicyRun]) -> Option<f64> {
 }
 
 /// `{metric: affinity / round-robin}` for `demo.json`.
-pub fn ratios(runs: &[PolicyRun]) -> serde_json::Value {
+pub(super) fn ratios(runs: &[PolicyRun]) -> serde_json::Value {
     rows()
         .iter()
         .map(|row| (row.name.to_string(), ratio(row, runs).into()))
@@ -113,7 +113,7 @@ pub fn ratios(runs: &[PolicyRun]) -> serde_json::Value {
 }
 
 /// The side-by-side table printed at the end of the demo.
-pub fn table(runs: &[PolicyRun]) -> String {
+pub(super) fn table(runs: &[PolicyRun]) -> String {
     let mut s = String::new();
     let heads: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
     let _ = write!(s, "\n{:<24}", "metric (simulated time)");
@@ -133,7 +133,7 @@ pub fn table(runs: &[PolicyRun]) -> String {
 }
 
 /// The combined Pareto chart of both policies' sweeps, rates in simulated time.
-pub fn pareto(sweeps: &[(String, Vec<Point>)], time_scale: f64) -> String {
+pub(super) fn pareto(sweeps: &[(String, Vec<Point>)], time_scale: f64) -> String {
     let series: Vec<ParetoSeries<'_>> = sweeps
         .iter()
         .map(|(label, points)| ParetoSeries {
@@ -222,7 +222,7 @@ fn figure(s: &mut String, heading: &str, how_to_read: &str, svg: &str) {
 /// `index.html`: the table, each run's gate verdict, the figures inline (both policies'
 /// Pareto frontiers, TTFT distributions, per-user progress, per-replica hit rates), the
 /// outputs' links and the plan; every figure in simulated time.
-pub fn html(
+pub(super) fn html(
     runs: &[PolicyRun],
     sweeps: &[(String, Vec<Point>)],
     plan: &serde_json::Value,

@@ -44,7 +44,7 @@ fn config_of(args: &EppArgs) -> anyhow::Result<ProxyConfig> {
 }
 
 /// Runs the picker until SIGINT/SIGTERM; exit code 2 for a bad configuration.
-pub async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: EppArgs) -> anyhow::Result<ExitCode> {
     let config = match config_of(&args) {
         Ok(c) => c,
         Err(e) => {

@@ -9,7 +9,7 @@
 //! `pool_watch` over `kube` (a small Kubernetes API client). The admin port (metrics,
 //! sessions, drain) is the proxy's.
 
-pub mod cli;
+pub(crate) mod cli;
 mod exchange;
 mod kube;
 mod pool_watch;

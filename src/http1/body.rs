@@ -11,7 +11,7 @@ use super::H1Error;
 
 /// What one decoding step produced.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decoded {
+pub(crate) enum Decoded {
     /// A piece of body data, split off the buffer.
     Data(Bytes),
     /// The buffer holds no more of the body yet: read more.
@@ -31,7 +31,7 @@ enum Chunk {
 /// Decodes a body of a given framing from the front of a read buffer, leaving whatever
 /// follows it (the next pipelined message) in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BodyDecoder {
+pub(crate) struct BodyDecoder {
     state: State,
     /// Chunk-extension bytes seen so far, against [`MAX_CHUNK_EXTENSIONS`].
     extensions: usize,
@@ -49,7 +49,7 @@ enum State {
 
 impl BodyDecoder {
     /// A decoder for a body framed as `framing`.
-    pub fn new(framing: Framing) -> Self {
+    pub(crate) fn new(framing: Framing) -> Self {
         let state = match framing {
             Framing::Empty | Framing::Length(0) => State::Done,
             Framing::Length(n) => State::Length(n),
@@ -64,12 +64,12 @@ impl BodyDecoder {
     }
 
     /// True once the whole body has been decoded.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done
     }
 
     /// The body bytes still expected, when the framing says.
-    pub fn remaining(&self) -> Option<u64> {
+    pub(crate) fn remaining(&self) -> Option<u64> {
         match self.state {
             State::Length(n) => Some(n),
             State::Done => Some(0),
@@ -79,7 +79,7 @@ impl BodyDecoder {
 
     /// Decodes the next piece from `buf`; `eof` says the peer has closed (so `buf` is all
     /// there will be).
-    pub fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, H1Error> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, H1Error> {
         match self.state {
             State::Done => Ok(Decoded::Done),
             State::Length(_) | State::Chunked(_) if buf.is_empty() && eof => {

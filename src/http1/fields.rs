@@ -9,7 +9,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// Read access to a message's header fields, in order.
-pub trait Fields {
+pub(crate) trait Fields {
     /// Every field in order: its name as sent, its value.
     fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])>;
 
@@ -188,25 +188,25 @@ pub(crate) fn quoted_len(s: &[u8]) -> Option<usize> {
 }
 
 /// Where a field's name and value lie in its head: offset and length of each.
-pub type Span = (u32, u32, u32, u32);
+pub(crate) type Span = (u32, u32, u32, u32);
 
 /// A head's fields as spans of the bytes that hold them. Fields parsed by httparse were
 /// checked as they were read: every name is a token and every value valid field content,
 /// the same rules `HeaderName` and `HeaderValue` apply, so the bytes go out again as they came.
 #[derive(Debug, Clone, Default)]
-pub struct WireFields {
+pub(crate) struct WireFields {
     head: Bytes,
     spans: Vec<Span>,
 }
 
 impl WireFields {
     /// Fields at `spans` of `head`.
-    pub fn new(head: Bytes, spans: Vec<Span>) -> Self {
+    pub(crate) fn new(head: Bytes, spans: Vec<Span>) -> Self {
         Self { head, spans }
     }
 
     /// `pairs` copied into one buffer.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Self {
+    pub(crate) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Self {
         let mut head = BytesMut::new();
         let mut spans = Vec::new();
         for (name, value) in pairs {
@@ -224,7 +224,7 @@ impl WireFields {
     }
 
     /// The fields of a map (hyper's, for HTTP/2).
-    pub fn from_map(map: &HeaderMap) -> Self {
+    pub(crate) fn from_map(map: &HeaderMap) -> Self {
         Self::from_pairs(
             map.iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
@@ -234,7 +234,7 @@ impl WireFields {
     /// The fields of an HTTP/2 request, its `cookie` fields joined into one by `"; "` where
     /// the first was (RFC 9113 §8.2.3): HTTP/2 lets a client split the cookies over several
     /// fields for compression, but an HTTP/1.1 server expects one `Cookie` line.
-    pub fn from_h2_request(map: &HeaderMap) -> Self {
+    pub(crate) fn from_h2_request(map: &HeaderMap) -> Self {
         let mut cookies = map.get_all(http::header::COOKIE).iter();
         if cookies.next().is_none() || cookies.next().is_none() {
             return Self::from_map(map);
@@ -257,12 +257,12 @@ impl WireFields {
     }
 
     /// The whole head the fields were read from.
-    pub fn head(&self) -> &Bytes {
+    pub(crate) fn head(&self) -> &Bytes {
         &self.head
     }
 
     /// Drops the fields named `name` (lower-case).
-    pub fn remove(&mut self, name: &str) {
+    pub(crate) fn remove(&mut self, name: &str) {
         let head = &self.head;
         self.spans.retain(|&(n, nl, _, _)| {
             !head[n as usize..(n + nl) as usize].eq_ignore_ascii_case(name.as_bytes())

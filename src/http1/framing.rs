@@ -8,7 +8,7 @@ use super::H1Error;
 
 /// How a message body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
+pub(crate) enum Framing {
     /// No body.
     Empty,
     /// Exactly this many bytes.

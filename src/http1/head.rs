@@ -14,7 +14,7 @@ use super::H1Error;
 
 /// A parsed request head.
 #[derive(Debug)]
-pub struct RequestHead {
+pub(crate) struct RequestHead {
     /// Method.
     pub method: Method,
     /// Request target as sent (origin form, normally).
@@ -31,11 +31,9 @@ pub struct RequestHead {
 
 /// A parsed response head.
 #[derive(Debug)]
-pub struct ResponseHead {
+pub(crate) struct ResponseHead {
     /// Status code.
     pub status: StatusCode,
-    /// HTTP/1.0 or HTTP/1.1.
-    pub version: Version,
     /// Header fields, as spans of the head.
     pub(crate) headers: WireFields,
     /// How the body is delimited.
@@ -94,7 +92,7 @@ fn head_len(parsed: httparse::Result<usize>, buffered: usize) -> Result<Option<u
 }
 
 /// Parses a request head from the front of `buf`, removing it; `None` until it is complete.
-pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
+pub(crate) fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
     if buf.is_empty() {
         return Ok(None);
     }
@@ -178,7 +176,7 @@ fn check_target(method: &Method, uri: &Uri) -> Result<(), H1Error> {
 
 /// Parses a response head from the front of `buf`, removing it; `None` until it is complete.
 /// `head_request` says the request was `HEAD`, whose response has no body.
-pub fn parse_response(
+pub(crate) fn parse_response(
     buf: &mut BytesMut,
     head_request: bool,
 ) -> Result<Option<ResponseHead>, H1Error> {
@@ -208,7 +206,6 @@ pub fn parse_response(
     let keep_alive = keeps_alive(version, &headers, seen) && framing != Framing::UntilClose;
     Ok(Some(ResponseHead {
         status,
-        version,
         headers,
         framing,
         keep_alive,

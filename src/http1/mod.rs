@@ -23,14 +23,17 @@ mod head;
 pub(crate) mod limits;
 mod write;
 
+#[cfg(test)]
+mod tests;
+
 use bytes::BytesMut;
 use http::StatusCode;
 
-pub use body::{BodyDecoder, Decoded};
-pub use fields::{Fields, WireFields};
-pub use framing::Framing;
-pub use head::{parse_request, parse_response, RequestHead, ResponseHead};
-pub use limits::{MAX_HEAD, MAX_TRAILERS};
+pub(crate) use body::{BodyDecoder, Decoded};
+pub(crate) use fields::{Fields, WireFields};
+pub(crate) use framing::Framing;
+pub(crate) use head::{parse_request, parse_response, RequestHead};
+pub(crate) use limits::MAX_HEAD;
 pub(crate) use write::{
     length_value, put_chunk_size, put_request_head, put_response_head, OutFraming, LAST_CHUNK,
 };

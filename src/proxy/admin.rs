@@ -21,7 +21,7 @@ use crate::shutdown::Shutdown;
 use crate::tap::KeySource;
 
 /// Serves the admin API until `stop` fires.
-pub async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdown) {
+pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdown) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 const MAX_AGE: Duration = Duration::from_secs(300);
 
 /// A client connection whose requests' first bytes the kernel may have stamped.
-pub trait Arrivals {
+pub(crate) trait Arrivals {
     /// When the first byte now waiting arrived (ns since the Unix epoch), once one is there;
     /// `None` at once where no stamp can be read.
     fn first_byte(&self) -> impl Future<Output = Option<u128>> + Send {

@@ -12,22 +12,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The first bytes of every body are never refused: small requests keep flowing while large
 /// uploads fill the budget. As much as a request head may take, so that a connection holding
 /// a small body holds no more than one holding a large head.
-pub const ALWAYS_ADMITTED: u64 = 64 * 1024;
+pub(crate) const ALWAYS_ADMITTED: u64 = 64 * 1024;
 
 /// How long a client refused for the budget is told to wait (`Retry-After`, seconds): bodies
 /// are released as soon as their requests have been forwarded, so room comes back quickly.
-pub const RETRY_AFTER_SECS: u64 = 1;
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 
 /// Request body bytes held by all requests together, and the most they may hold.
 #[derive(Debug)]
-pub struct BodyBudget {
+pub(crate) struct BodyBudget {
     limit: u64,
     held: AtomicU64,
 }
 
 impl BodyBudget {
     /// A budget of `limit` bytes, none held.
-    pub fn new(limit: u64) -> Self {
+    pub(crate) fn new(limit: u64) -> Self {
         Self {
             limit,
             held: AtomicU64::new(0),
@@ -35,17 +35,17 @@ impl BodyBudget {
     }
 
     /// Bytes held now by request bodies.
-    pub fn held(&self) -> u64 {
+    pub(crate) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
 
     /// The most bytes bodies may hold together.
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// An empty charge for one body, which grows as the body's bytes arrive.
-    pub fn charge(&self) -> BodyCharge<'_> {
+    pub(crate) fn charge(&self) -> BodyCharge<'_> {
         BodyCharge {
             budget: self,
             bytes: 0,
@@ -55,7 +55,7 @@ impl BodyBudget {
 
 /// The bytes one request body holds against the budget; given back when dropped.
 #[derive(Debug)]
-pub struct BodyCharge<'a> {
+pub(crate) struct BodyCharge<'a> {
     budget: &'a BodyBudget,
     bytes: u64,
 }
@@ -64,7 +64,7 @@ impl BodyCharge<'_> {
     /// Counts `n` more bytes of this body. Refused (nothing counted) when the body is past
     /// [`ALWAYS_ADMITTED`] and all bodies together would hold more than the budget. One atomic
     /// add per call, and one more to take it back only when refused.
-    pub fn try_add(&mut self, n: u64) -> bool {
+    pub(crate) fn try_add(&mut self, n: u64) -> bool {
         if n == 0 {
             return true;
         }
@@ -79,7 +79,8 @@ impl BodyCharge<'_> {
     }
 
     /// Bytes counted for this body so far.
-    pub fn bytes(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 }

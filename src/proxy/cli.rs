@@ -48,7 +48,7 @@ fn parse_policy(s: &str) -> Policy {
 }
 
 /// The effective configuration: the file (or defaults) with the flags on top, validated.
-pub fn effective_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
+pub(crate) fn effective_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     let mut config = match &args.config {
         Some(path) => ProxyConfig::load(path)?,
         None => ProxyConfig::default(),
@@ -94,7 +94,7 @@ fn backend_from_flag(spec: &str) -> anyhow::Result<BackendConfig> {
 }
 
 /// Runs the proxy until SIGINT/SIGTERM; exit code 2 for a bad configuration.
-pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let config = match effective_config(&args) {
         Ok(c) => c,
         Err(e) => {

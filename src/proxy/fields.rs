@@ -18,7 +18,7 @@ fn length_bit(name: &[u8]) -> u64 {
 /// kept apart and merged as the head is written, so no field is removed from or added to a
 /// map on the way.
 #[derive(Debug)]
-pub struct OutboundFields {
+pub(crate) struct OutboundFields {
     received: WireFields,
     /// Received names (lower-case) the proxy sets from elsewhere.
     replaced: &'static [&'static str],
@@ -33,7 +33,7 @@ pub struct OutboundFields {
 impl OutboundFields {
     /// `received`, to be passed on without hop-by-hop fields or those named in `replaced`,
     /// then `added`.
-    pub fn new(
+    pub(crate) fn new(
         received: WireFields,
         replaced: &'static [&'static str],
         added: Vec<(HeaderName, HeaderValue)>,
@@ -61,7 +61,7 @@ impl OutboundFields {
     }
 
     /// Sets `name` to `value`, in place of any received field of that name.
-    pub fn set(&mut self, name: HeaderName, value: HeaderValue) {
+    pub(crate) fn set(&mut self, name: HeaderName, value: HeaderValue) {
         self.dropped_lengths |= length_bit(name.as_str().as_bytes());
         self.added.push((name, value));
     }

@@ -20,7 +20,7 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// What every request of one client connection shares: who the client is, as the forwarded
 /// headers say it (formatted once per connection), and which worker serves it.
-pub struct ClientConn {
+pub(crate) struct ClientConn {
     /// The client's IP address, as `X-Forwarded-For` lists it.
     ip: HeaderValue,
     /// The `for=` element of `Forwarded` (IPv6 quoted and bracketed).
@@ -33,7 +33,7 @@ pub struct ClientConn {
 
 impl ClientConn {
     /// The shared view of a connection from `peer`.
-    pub fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
+    pub(crate) fn new(peer: SocketAddr, tls: bool, worker: usize) -> Self {
         let ip = peer.ip();
         Self {
             // An IP address is always a valid header value.

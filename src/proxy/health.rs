@@ -24,7 +24,7 @@ use crate::http1::WireFields;
 use crate::shutdown::Shutdown;
 
 /// Probes every backend of the current pool each interval until `stop` fires.
-pub async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
+pub(crate) async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
     let mut next = tokio::time::Instant::now();
     loop {
         let pool = inner.router.pool();
@@ -91,7 +91,7 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
 }
 
 /// Applies one probe result with hysteresis.
-pub fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &HealthConfig) {
+pub(crate) fn record_probe(backend: &Backend, outcome: Result<(), String>, cfg: &HealthConfig) {
     let mut c = backend.health.lock();
     match outcome {
         Ok(()) => {
@@ -165,7 +165,7 @@ fn eject(backend: &Backend, why: &str) {
 }
 
 /// A request to the backend failed before any response.
-pub fn on_error(backend: &Backend, kind: ErrorKind, cfg: &HealthConfig) {
+pub(crate) fn on_error(backend: &Backend, kind: ErrorKind, cfg: &HealthConfig) {
     match kind {
         ErrorKind::Connect => eject(backend, "connect error"),
         _ => on_failure_status(backend, cfg, "request failed"),
@@ -173,7 +173,7 @@ pub fn on_error(backend: &Backend, kind: ErrorKind, cfg: &HealthConfig) {
 }
 
 /// A response head arrived: 5xx in a row eject, anything else resets the count.
-pub fn on_response(backend: &Backend, status: StatusCode, cfg: &HealthConfig) {
+pub(crate) fn on_response(backend: &Backend, status: StatusCode, cfg: &HealthConfig) {
     if status.is_server_error() {
         on_failure_status(backend, cfg, "consecutive 5xx responses");
     } else if backend.consecutive_5xx.load(Ordering::Relaxed) != 0 {

@@ -37,7 +37,7 @@ fn free<T: Send + 'static>(body: T, len: usize) -> Option<tokio::task::JoinHandl
 
 /// A whole request body as the parts it was received in.
 #[derive(Clone, Debug, Default)]
-pub struct HeldBody {
+pub(crate) struct HeldBody {
     parts: VecDeque<Bytes>,
     len: usize,
     /// The turn, when it was read as the body arrived.
@@ -46,30 +46,30 @@ pub struct HeldBody {
 
 impl HeldBody {
     /// Bytes in the body.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the body has no bytes.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The parts, in order.
-    pub fn parts(&self) -> impl ExactSizeIterator<Item = &Bytes> {
+    pub(crate) fn parts(&self) -> impl ExactSizeIterator<Item = &Bytes> {
         self.parts.iter()
     }
 
     /// What the body says about its turn: read as it arrived when it came in parts, so a
     /// large body costs no long pass on the worker once it is whole.
-    pub fn turn(&self) -> Turn {
+    pub(crate) fn turn(&self) -> Turn {
         self.turn
             .unwrap_or_else(|| Turn::of_parts(self.parts.iter().map(|p| &p[..])))
     }
 
     /// Lets the body go (freed on a blocking thread when large) and returns once its memory
     /// is freed, so the budget charge that covers it is let go only after the memory.
-    pub async fn release(self) {
+    pub(crate) async fn release(self) {
         let len = self.len;
         if let Some(freed) = free(self, len) {
             let _ = freed.await;
@@ -77,7 +77,7 @@ impl HeldBody {
     }
 
     /// The body in one piece when it arrived in one part (the usual case: no copy).
-    pub fn single(&self) -> Option<&Bytes> {
+    pub(crate) fn single(&self) -> Option<&Bytes> {
         match self.parts.len() {
             0 => Some(&EMPTY),
             1 => self.parts.front(),
@@ -87,7 +87,7 @@ impl HeldBody {
 
     /// The body as one slice: borrowed when it is one part, else a copy counted against
     /// `charge` (None when the budget has no room for the copy).
-    pub fn contiguous(&self, charge: &mut BodyCharge<'_>) -> Option<Cow<'_, [u8]>> {
+    pub(crate) fn contiguous(&self, charge: &mut BodyCharge<'_>) -> Option<Cow<'_, [u8]>> {
         if let Some(one) = self.single() {
             return Some(Cow::Borrowed(one));
         }
@@ -147,7 +147,7 @@ impl Body for HeldBody {
 
 /// Gathers a body from reads of any size into parts, counting every byte as it arrives.
 #[derive(Debug, Default)]
-pub struct BodyParts {
+pub(crate) struct BodyParts {
     body: HeldBody,
     filling: BytesMut,
     /// The most bytes the body may have (its declared length, or else the body limit): no
@@ -159,7 +159,7 @@ pub struct BodyParts {
 
 impl BodyParts {
     /// An empty body of at most `most` bytes: its `Content-Length`, or else the body limit.
-    pub fn new(most: usize) -> Self {
+    pub(crate) fn new(most: usize) -> Self {
         Self {
             most,
             ..Self::default()
@@ -167,14 +167,14 @@ impl BodyParts {
     }
 
     /// Bytes gathered so far.
-    pub fn gathered(&self) -> usize {
+    pub(crate) fn gathered(&self) -> usize {
         self.body.len + self.filling.len()
     }
 
     /// Copies `data` in, counting each part's whole capacity in `charge` when the part is
     /// made (the memory it takes, not only the bytes in it); false when the body budget
     /// refuses the next part.
-    pub fn push(&mut self, mut data: &[u8], charge: &mut BodyCharge<'_>) -> bool {
+    pub(crate) fn push(&mut self, mut data: &[u8], charge: &mut BodyCharge<'_>) -> bool {
         while !data.is_empty() {
             if self.filling.len() == self.filling.capacity() && !self.start_part(charge) {
                 return false;
@@ -189,7 +189,7 @@ impl BodyParts {
     /// Room to read the next bytes of the body into: the part being filled, or a new one
     /// counted in `charge` (None when the budget refuses it). Never more room than the
     /// body's most length leaves, so a read into it cannot take the next request's bytes.
-    pub fn room(&mut self, charge: &mut BodyCharge<'_>) -> Option<&mut BytesMut> {
+    pub(crate) fn room(&mut self, charge: &mut BodyCharge<'_>) -> Option<&mut BytesMut> {
         if self.filling.len() == self.filling.capacity() && !self.start_part(charge) {
             return None;
         }
@@ -198,7 +198,7 @@ impl BodyParts {
 
     /// Takes `bytes` as a part of its own, without a copy (bytes already held elsewhere,
     /// such as the part of a read buffer that follows a request head).
-    pub fn push_bytes(&mut self, bytes: Bytes, charge: &mut BodyCharge<'_>) -> bool {
+    pub(crate) fn push_bytes(&mut self, bytes: Bytes, charge: &mut BodyCharge<'_>) -> bool {
         if !charge.try_add(bytes.len() as u64) {
             return false;
         }
@@ -210,7 +210,7 @@ impl BodyParts {
 
     /// The body once `read` has gathered it all, or `read`'s error with the bytes gathered
     /// so far let go (freed on a blocking thread when large).
-    pub fn finish_after<E>(self, read: Result<(), E>) -> Result<HeldBody, E> {
+    pub(crate) fn finish_after<E>(self, read: Result<(), E>) -> Result<HeldBody, E> {
         match read {
             Ok(()) => Ok(self.finish()),
             Err(e) => {
@@ -224,7 +224,7 @@ impl BodyParts {
     }
 
     /// The body, whole.
-    pub fn finish(mut self) -> HeldBody {
+    pub(crate) fn finish(mut self) -> HeldBody {
         self.seal();
         self.body.turn = Some(self.scan.turn());
         self.body

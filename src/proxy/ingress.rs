@@ -38,7 +38,7 @@ const COPY_MAX: usize = 16 * 1024;
 
 /// The client-side limits (`[client]` in the config).
 #[derive(Debug, Clone, Copy)]
-pub struct ClientLimits {
+pub(crate) struct ClientLimits {
     pub header: Duration,
     pub body: Duration,
     pub idle: Duration,
@@ -68,19 +68,19 @@ impl From<&super::config::ClientConfig> for ClientLimits {
 /// One timer for a connection's life. A deadline that moves later (every request moves the
 /// idle one) costs nothing until the timer fires early and is set again, so a busy connection
 /// touches the timer wheel once per timeout period, not once per request.
-pub struct Deadline {
+pub(crate) struct Deadline {
     sleep: Pin<Box<Sleep>>,
 }
 
 impl Deadline {
-    pub fn new(at: Instant) -> Self {
+    pub(crate) fn new(at: Instant) -> Self {
         Self {
             sleep: Box::pin(tokio::time::sleep_until(at)),
         }
     }
 
     /// Resolves once `at` has passed.
-    pub async fn reached(&mut self, at: Instant) {
+    pub(crate) async fn reached(&mut self, at: Instant) {
         if self.sleep.deadline() > at {
             self.sleep.as_mut().reset(at);
         }
@@ -196,7 +196,7 @@ fn poll_send<W: AsyncWrite + Unpin>(
 /// read from it, and `opened` is when the connection was accepted. With a recorder on, a
 /// request's start is when its first byte reached the host ([`Arrivals`]): `arrived` for the
 /// bytes in `buf`, the kernel's stamp for a request that begins on an empty buffer.
-pub async fn serve<S: AsyncRead + AsyncWrite + Arrivals + Unpin>(
+pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Arrivals + Unpin>(
     io: S,
     buf: BytesMut,
     inner: Arc<Inner>,

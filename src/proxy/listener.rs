@@ -77,7 +77,7 @@ impl TlsIngress {
 }
 
 /// Loads the certificate chain and key; errors name the file and what is wrong with it.
-pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
+pub(crate) fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
     let read = |path: &std::path::PathBuf| {
         std::fs::read(path).map_err(|e| ProxyError::Tls {
             file: path.clone(),
@@ -132,7 +132,7 @@ pub fn tls_acceptor(cfg: &TlsConfig) -> Result<TlsAcceptor, ProxyError> {
 /// (on the caller's runtime) hands each new connection to the worker serving the fewest, so
 /// the load spreads evenly; workers competing on a shared socket would leave most connections
 /// with whichever worker happened to be awake.
-pub async fn serve(
+pub(crate) async fn serve(
     tcp: TcpListener,
     workers: usize,
     tls: Option<TlsAcceptor>,

@@ -31,7 +31,7 @@ const OVERHEAD_BUCKETS: &[f64] = &[
 
 /// Upstream error kinds (the `kind` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// TCP/TLS connect failed or timed out.
     Connect,
     /// Sending the request or awaiting the response head failed.
@@ -44,7 +44,7 @@ const ERROR_KINDS: [ErrorKind; 3] = [ErrorKind::Connect, ErrorKind::Send, ErrorK
 
 impl ErrorKind {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Connect => "connect",
             ErrorKind::Send => "send",
@@ -55,7 +55,7 @@ impl ErrorKind {
 
 /// Why a request was sent to the next backend (the `reason` label of the retry counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryReason {
+pub(crate) enum RetryReason {
     /// No connection could be made.
     Connect,
     /// The request provably did not reach the backend whole (write failed, stream refused).
@@ -73,7 +73,7 @@ const RETRY_REASONS: [RetryReason; 3] = [
 
 impl RetryReason {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RetryReason::Connect => "connect",
             RetryReason::NotSent => "not_sent",
@@ -84,7 +84,7 @@ impl RetryReason {
 
 /// Which client-side limit (`[client]`) closed a connection (the `limit` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientTimeout {
+pub(crate) enum ClientTimeout {
     /// A head (or a new connection's first bytes) did not arrive in time.
     Header,
     /// A request body stopped arriving.
@@ -110,7 +110,7 @@ const CLIENT_TIMEOUTS: [ClientTimeout; 5] = [
 
 impl ClientTimeout {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ClientTimeout::Header => "header",
             ClientTimeout::Body => "body",
@@ -123,7 +123,7 @@ impl ClientTimeout {
 
 /// Why a client connection was closed as soon as it was accepted (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectionRefusal {
+pub(crate) enum ConnectionRefusal {
     /// `client.max_connections` were open.
     MaxConnections,
     /// The TLS handshake found no free permit (`tls.max_handshakes`) before its deadline.
@@ -137,7 +137,7 @@ const CONNECTION_REFUSALS: [ConnectionRefusal; 2] = [
 
 impl ConnectionRefusal {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ConnectionRefusal::MaxConnections => "max_connections",
             ConnectionRefusal::TlsHandshakes => "tls_handshakes",
@@ -167,7 +167,7 @@ fn source_label(s: KeySource) -> &'static str {
 
 /// Proxy-wide metric handles.
 #[derive(Clone)]
-pub struct ProxyMetrics {
+pub(crate) struct ProxyMetrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
     decisions: Arc<Vec<Counter>>,
@@ -199,7 +199,7 @@ pub struct ProxyMetrics {
 
 /// Metric handles of one backend.
 #[derive(Clone)]
-pub struct BackendMetrics {
+pub(crate) struct BackendMetrics {
     recorder: Arc<PrometheusRecorder>,
     name: SharedString,
     by_status: Arc<Mutex<HashMap<u16, Counter>>>,
@@ -238,7 +238,7 @@ impl Default for ProxyMetrics {
 
 impl ProxyMetrics {
     /// A fresh recorder with every proxy-wide series registered and described.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let recorder = PrometheusBuilder::new()
             .set_buckets(LATENCY_BUCKETS)
             .and_then(|b| {
@@ -353,7 +353,7 @@ impl ProxyMetrics {
     }
 
     /// Client connections open on forwarding worker `worker` (shows whether load spreads).
-    pub fn worker_connections(&self, worker: usize) -> Gauge {
+    pub(crate) fn worker_connections(&self, worker: usize) -> Gauge {
         self.recorder.register_gauge(
             &key(
                 "agentrace_worker_connections",
@@ -364,7 +364,7 @@ impl ProxyMetrics {
     }
 
     /// Handles for a backend's series.
-    pub fn backend(&self, name: &str) -> BackendMetrics {
+    pub(crate) fn backend(&self, name: &str) -> BackendMetrics {
         let r = &*self.recorder;
         let name = SharedString::from(name.to_string());
         let l = || vec![Label::new("backend", name.clone())];
@@ -395,14 +395,14 @@ impl ProxyMetrics {
     }
 
     /// Counts one routing decision.
-    pub fn decision(&self, source: KeySource, outcome: Outcome) {
+    pub(crate) fn decision(&self, source: KeySource, outcome: Outcome) {
         let s = SOURCES.iter().position(|x| *x == source).unwrap_or(0);
         let o = OUTCOMES.iter().position(|x| *x == outcome).unwrap_or(0);
         self.decisions[s * OUTCOMES.len() + o].increment(1);
     }
 
     /// Counts a response the proxy produced without a backend (413, 502, 503).
-    pub fn refused(&self, status: http::StatusCode) {
+    pub(crate) fn refused(&self, status: http::StatusCode) {
         let code = status.as_u16();
         let mut map = self.no_backend.lock();
         map.entry(code)
@@ -422,24 +422,24 @@ impl ProxyMetrics {
     }
 
     /// Counts a request refused because request bodies held the whole budget.
-    pub fn body_budget_refused(&self) {
+    pub(crate) fn body_budget_refused(&self) {
         self.body_budget_refusals.increment(1);
     }
 
     /// Publishes the request body bytes held now (read by the admin listener before a render,
     /// so the hot path only counts in the budget).
-    pub fn body_bytes_held(&self, bytes: u64) {
+    pub(crate) fn body_bytes_held(&self, bytes: u64) {
         self.body_bytes_held.set(bytes as f64);
     }
 
     /// Counts a retry on the next backend.
-    pub fn retry(&self, reason: RetryReason) {
+    pub(crate) fn retry(&self, reason: RetryReason) {
         let i = RETRY_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         self.retries[i].increment(1);
     }
 
     /// Counts a client connection closed by one of the `[client]` limits.
-    pub fn client_timeout(&self, limit: ClientTimeout) {
+    pub(crate) fn client_timeout(&self, limit: ClientTimeout) {
         let i = CLIENT_TIMEOUTS
             .iter()
             .position(|t| *t == limit)
@@ -448,7 +448,7 @@ impl ProxyMetrics {
     }
 
     /// Counts a client connection closed as soon as it was accepted.
-    pub fn connection_refused(&self, reason: ConnectionRefusal) {
+    pub(crate) fn connection_refused(&self, reason: ConnectionRefusal) {
         let i = CONNECTION_REFUSALS
             .iter()
             .position(|r| *r == reason)
@@ -457,17 +457,17 @@ impl ProxyMetrics {
     }
 
     /// Counts a TLS handshake that waits for a permit.
-    pub fn tls_handshake_waited(&self) {
+    pub(crate) fn tls_handshake_waited(&self) {
         self.tls_handshake_waits.increment(1);
     }
 
     /// Counts an HTTP/2 connection closed because its client cancelled too many streams.
-    pub fn cancel_limit_close(&self) {
+    pub(crate) fn cancel_limit_close(&self) {
         self.cancel_closes.increment(1);
     }
 
     /// Counts a configuration reload attempt.
-    pub fn reload(&self, ok: bool) {
+    pub(crate) fn reload(&self, ok: bool) {
         if ok {
             self.reloads_ok.increment(1)
         } else {
@@ -477,12 +477,12 @@ impl ProxyMetrics {
 
     /// Folds buffered histogram samples into their buckets (run periodically so samples do
     /// not pile up between scrapes).
-    pub fn upkeep(&self) {
+    pub(crate) fn upkeep(&self) {
         self.handle.run_upkeep();
     }
 
     /// The Prometheus text exposition, with gauges refreshed from live state first.
-    pub fn render(
+    pub(crate) fn render(
         &self,
         pool: &Pool,
         sessions: &SessionTable,
@@ -530,7 +530,7 @@ impl ProxyMetrics {
 
 impl BackendMetrics {
     /// Counts a finished response by status.
-    pub fn request(&self, status: http::StatusCode) {
+    pub(crate) fn request(&self, status: http::StatusCode) {
         let code = status.as_u16();
         let register = || {
             self.recorder.register_counter(
@@ -554,18 +554,18 @@ impl BackendMetrics {
 
     /// Counts a request abandoned (its client gone, or its stream reset) while it was on its
     /// way to the backend or awaiting the response head.
-    pub fn request_cancelled(&self) {
+    pub(crate) fn request_cancelled(&self) {
         self.cancelled.increment(1);
     }
 
     /// Counts an upstream error.
-    pub fn error(&self, kind: ErrorKind) {
+    pub(crate) fn error(&self, kind: ErrorKind) {
         let i = ERROR_KINDS.iter().position(|k| *k == kind).unwrap_or(0);
         self.errors[i].increment(1);
     }
 
     /// Records a duration on a histogram in seconds.
-    pub fn observe(h: &Histogram, d: Duration) {
+    pub(crate) fn observe(h: &Histogram, d: Duration) {
         h.record(d.as_secs_f64());
     }
 }

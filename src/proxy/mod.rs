@@ -1,30 +1,30 @@
 //! The affinity proxy: pins each agent session to one backend and streams responses through.
 //!
 //! Stages: `listener` (accept, TLS) → `ingress` (HTTP/1.1 client connections, on the crate's
-//! [`http1`](crate::http1) codec; `arrival` stamps a request with its first byte's kernel
+//! `http1` codec; `arrival` stamps a request with its first byte's kernel
 //! receive time; `ingress_h2` serves HTTP/2) → `routing` (session key, rendezvous pick,
 //! bindings) → `upstream` (failover; `forwarded` adds the proxy's hop to the request's
 //! headers) over `pool` (per-worker keep-alive connections) → `observed` (the response body,
 //! streamed), which reports each exchange through the crate's [`tap`](crate::tap) (frame
 //! observers for the recorder); `health` and `admin` (with `metrics`) run beside them.
 
-pub mod admin;
-pub mod arrival;
-pub mod budget;
-pub mod cli;
+pub(crate) mod admin;
+pub(crate) mod arrival;
+pub(crate) mod budget;
+pub(crate) mod cli;
 pub mod config;
-pub mod fields;
-pub mod forwarded;
-pub mod health;
-pub mod held_body;
-pub mod ingress;
+pub(crate) mod fields;
+pub(crate) mod forwarded;
+pub(crate) mod health;
+pub(crate) mod held_body;
+pub(crate) mod ingress;
 pub(crate) mod ingress_h2;
-pub mod listener;
-pub mod metrics;
-pub mod observed;
-pub mod pool;
-pub mod routing;
-pub mod upstream;
+pub(crate) mod listener;
+pub(crate) mod metrics;
+pub(crate) mod observed;
+pub(crate) mod pool;
+pub(crate) mod routing;
+pub(crate) mod upstream;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -207,7 +207,7 @@ pub(crate) struct Placement {
 
 impl Placement {
     /// Applies a new configuration's backends and settings, as [`ProxyHandle::reload`] does.
-    pub fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+    pub(crate) fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
         let result = self.inner.reload(config);
         self.inner.metrics.reload(result.is_ok());
         result
@@ -215,18 +215,18 @@ impl Placement {
 
     /// Counts a reload refused before it reached [`Placement::reload`] (unreadable file, an
     /// endpoint the picker cannot use).
-    pub fn note_refused_reload(&self) {
+    pub(crate) fn note_refused_reload(&self) {
         self.inner.metrics.reload(false);
     }
 
     /// Applies `config` as [`Placement::reload`] does, without counting a configuration
     /// reload: the picker's endpoint set changed (pods of its `InferencePool`).
-    pub fn apply_endpoints(&self, config: ProxyConfig) -> Result<(), ProxyError> {
+    pub(crate) fn apply_endpoints(&self, config: ProxyConfig) -> Result<(), ProxyError> {
         self.inner.reload(config)
     }
 
     /// Resolves once the side tasks have stopped (after `shutdown` fired).
-    pub async fn join(self) {
+    pub(crate) async fn join(self) {
         for t in self.tasks {
             let _ = t.await;
         }

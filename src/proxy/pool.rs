@@ -66,7 +66,7 @@ const MAX_INTERIM_RESPONSES: usize = 32;
 /// runtime has not yet reported when the connection is reused, falls here too: nothing tells
 /// it from a backend that took the request and died.
 #[derive(Debug, thiserror::Error)]
-pub enum PoolError {
+pub(crate) enum PoolError {
     /// No connection could be made (TCP, TLS or protocol handshake).
     #[error("connect: {step}: {source}")]
     Connect {
@@ -98,7 +98,7 @@ impl PoolError {
 
 /// What is forwarded: the client's request with its headers already edited for the backend
 /// (no `Host`, `Content-Length` or hop-by-hop fields).
-pub struct UpstreamRequest<'a> {
+pub(crate) struct UpstreamRequest<'a> {
     /// Method.
     pub method: &'a Method,
     /// Origin-form path and query, before the backend's base path is put in front.
@@ -112,7 +112,7 @@ pub struct UpstreamRequest<'a> {
 }
 
 /// A backend's response head, its body still to stream from the connection.
-pub struct UpstreamResponse {
+pub(crate) struct UpstreamResponse {
     /// Status.
     pub status: StatusCode,
     /// Header fields as the backend sent them.
@@ -263,7 +263,10 @@ enum AfterStream {
 /// A connection pool (one per forwarding worker, one for health probes), offering HTTP/2 and
 /// HTTP/1.1 to `https` backends, verified against `upstream.ca_file`, else the platform's CA
 /// store; with no `https` backend the store is not read.
-pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPool, ProxyError> {
+pub(crate) fn connection_pool(
+    cfg: &UpstreamConfig,
+    any_https: bool,
+) -> Result<WorkerPool, ProxyError> {
     let trust = match &cfg.ca_file {
         Some(path) => Trust::CaFile(path),
         None if any_https => Trust::Platform,
@@ -282,7 +285,7 @@ pub fn connection_pool(cfg: &UpstreamConfig, any_https: bool) -> Result<WorkerPo
 
 /// One forwarding worker's connections, by backend. Only that worker's thread takes from it
 /// (the lock is uncontended); the housekeeping task reaps it from elsewhere.
-pub struct WorkerPool {
+pub(crate) struct WorkerPool {
     tls: TlsConnector,
     connect_timeout: Duration,
     /// By backend; a handful, so a scan beats hashing.
@@ -305,7 +308,7 @@ impl WorkerPool {
     /// http/1.1) and keeps up to `max_idle` idle connections per backend for `idle_timeout`;
     /// `retry_after_send` lets [`WorkerPool::may_resend`] allow any method; a backend's first
     /// connection back from a stream is watched for `stream_close_watch` (`AfterStream`).
-    pub fn new(
+    pub(crate) fn new(
         tls: TlsConnector,
         connect_timeout: Duration,
         max_idle: usize,
@@ -329,7 +332,7 @@ impl WorkerPool {
     /// HEAD, OPTIONS, TRACE: RFC 9110 §9.2.2 lets a client retry those, and a second one
     /// changes nothing) or `upstream.retry_after_send` is on, since the backend may be
     /// generating it already; one the backend answered, however badly, never.
-    pub fn may_resend(&self, e: &PoolError, method: &Method) -> bool {
+    pub(crate) fn may_resend(&self, e: &PoolError, method: &Method) -> bool {
         match e {
             PoolError::Connect { .. } | PoolError::NotSent(_) => true,
             PoolError::NoResponse(_) => self.retry_after_send || method.is_safe(),
@@ -342,7 +345,7 @@ impl WorkerPool {
     /// fails under the request (the backend's keep-alive timeout racing it) is replaced once by
     /// a fresh one when [`WorkerPool::may_resend`] allows; every other failure is returned for
     /// the caller's failover.
-    pub async fn send(
+    pub(crate) async fn send(
         self: &Arc<Self>,
         backend: &BackendUrl,
         req: UpstreamRequest<'_>,
@@ -635,7 +638,7 @@ impl WorkerPool {
     }
 
     /// Drops connections idle for longer than the timeout and closed HTTP/2 connections.
-    pub fn reap(&self) {
+    pub(crate) fn reap(&self) {
         let now = Instant::now();
         let mut slots = self.slots.lock();
         for (_, slot) in slots.iter_mut() {
@@ -704,7 +707,7 @@ fn h2_refusal(e: &hyper::Error) -> Option<H2Refusal> {
 }
 
 /// Writes every byte of `bufs`, in as few system calls as the socket allows.
-pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     io: &mut W,
     mut bufs: &mut [IoSlice<'_>],
 ) -> std::io::Result<()> {
@@ -745,12 +748,12 @@ const PARTS_PER_WRITE: usize = 64;
 /// body decoded from the connection this request holds, or a stream of a shared HTTP/2
 /// connection. `Either` dispatches each frame with a match, as a hand-written enum would, and
 /// boxes only an error.
-pub type UpstreamBody = Either<H1Body, Incoming>;
+pub(crate) type UpstreamBody = Either<H1Body, Incoming>;
 
 /// An HTTP/1.1 response body that owns its connection: when the body ends cleanly on a
 /// keep-alive connection, the connection goes back to the pool; dropped before that, the
 /// connection closes, which cancels the request on the backend.
-pub struct H1Body {
+pub(crate) struct H1Body {
     conn: Option<H1Conn>,
     decoder: BodyDecoder,
     reusable: bool,

@@ -39,10 +39,10 @@ const X_AGENTRACE_BACKEND: HeaderName = HeaderName::from_static("x-agentrace-bac
 /// The response body the proxy sends: a streamed upstream body, forwarded frame by frame, or a
 /// small one the proxy made (errors, admin). The upstream one is boxed once per response so
 /// that a local answer stays small.
-pub type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
+pub(crate) type ProxyBody = Either<Box<ObservedBody>, Full<Bytes>>;
 
 /// What the client is answered: status, the fields to send, and the body.
-pub struct Answer {
+pub(crate) struct Answer {
     /// Status.
     pub status: StatusCode,
     /// The fields to send.
@@ -53,7 +53,7 @@ pub struct Answer {
 
 impl Answer {
     /// The answer as hyper sends it (HTTP/2).
-    pub fn into_response(self) -> Response<ProxyBody> {
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
         let mut resp = Response::new(self.body);
         *resp.status_mut() = self.status;
         *resp.headers_mut() = self.headers.to_map();
@@ -62,7 +62,7 @@ impl Answer {
 }
 
 /// A proxy-made JSON error response in the OpenAI error shape.
-pub fn error_response(status: StatusCode, kind: &'static str, message: &str) -> Answer {
+pub(crate) fn error_response(status: StatusCode, kind: &'static str, message: &str) -> Answer {
     let body = serde_json::json!({"error": {"message": message, "type": kind}});
     let headers = WireFields::from_pairs([
         (&b"content-type"[..], &b"application/json"[..]),
@@ -112,14 +112,14 @@ impl<F: std::future::Future> std::future::Future for Counted<F> {
 
 /// When a request started: a monotonic instant, and wall-clock nanoseconds for the recorder.
 #[derive(Debug, Clone, Copy)]
-pub struct Started {
+pub(crate) struct Started {
     at: Instant,
     unix_ns: u128,
 }
 
 impl Started {
     /// Now; the wall clock is read only when a recorder will want it.
-    pub fn now(inner: &Inner) -> Self {
+    pub(crate) fn now(inner: &Inner) -> Self {
         let unix_ns = inner.sink.as_ref().map_or(0, |_| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -133,7 +133,7 @@ impl Started {
 
     /// When the request's first byte reached the host (kernel time, see [`super::arrival`]),
     /// if known and believable; else now.
-    pub fn arrived(inner: &Inner, unix_ns: Option<u128>) -> Self {
+    pub(crate) fn arrived(inner: &Inner, unix_ns: Option<u128>) -> Self {
         match unix_ns.and_then(|ns| Some((super::arrival::instant_of(ns)?, ns))) {
             Some((at, unix_ns)) if inner.sink.is_some() => Self { at, unix_ns },
             _ => Self::now(inner),
@@ -143,7 +143,7 @@ impl Started {
 
 /// Handles one request that hyper parsed (HTTP/2 ingress): reads its body within the limit,
 /// then [`forward`]s it.
-pub async fn handle(
+pub(crate) async fn handle(
     inner: Arc<Inner>,
     req: Request<Incoming>,
     client: Arc<ClientConn>,
@@ -249,7 +249,7 @@ async fn read_and_forward(
 }
 
 /// A whole client request, as [`forward`] takes it.
-pub struct ClientRequest {
+pub(crate) struct ClientRequest {
     /// Method.
     pub method: Method,
     /// Request target.
@@ -288,7 +288,7 @@ async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Op
 /// the recorder watch it.
 ///
 /// [`WorkerPool::may_resend`]: super::pool::WorkerPool::may_resend
-pub async fn forward(
+pub(crate) async fn forward(
     inner: &Arc<Inner>,
     mut req: ClientRequest,
     client: &ClientConn,
@@ -482,7 +482,12 @@ fn retry_reason(e: &PoolError) -> RetryReason {
 }
 
 /// A request answered by the proxy itself, counted by status.
-pub fn refuse(inner: &Inner, status: StatusCode, kind: &'static str, message: &str) -> Answer {
+pub(crate) fn refuse(
+    inner: &Inner,
+    status: StatusCode,
+    kind: &'static str,
+    message: &str,
+) -> Answer {
     inner.metrics.refused(status);
     error_response(status, kind, message)
 }
@@ -493,7 +498,7 @@ const ALLOWED_METHODS: HeaderValue =
     HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH");
 
 /// The answer to `CONNECT`: the proxy forwards requests and opens no tunnels.
-pub fn refuse_connect(inner: &Inner) -> Answer {
+pub(crate) fn refuse_connect(inner: &Inner) -> Answer {
     let mut answer = refuse(
         inner,
         StatusCode::METHOD_NOT_ALLOWED,
@@ -505,7 +510,7 @@ pub fn refuse_connect(inner: &Inner) -> Answer {
 }
 
 /// The answer to a request body over `max_request_body_bytes`.
-pub fn too_large(inner: &Inner, limit: u64) -> Answer {
+pub(crate) fn too_large(inner: &Inner, limit: u64) -> Answer {
     refuse(
         inner,
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -516,7 +521,7 @@ pub fn too_large(inner: &Inner, limit: u64) -> Answer {
 
 /// The answer to a request body that would take the bodies held by all requests past
 /// `request_body_budget_bytes`: the client may send it again shortly.
-pub fn over_budget(inner: &Inner) -> Answer {
+pub(crate) fn over_budget(inner: &Inner) -> Answer {
     inner.metrics.body_budget_refused();
     let mut answer = refuse(
         inner,

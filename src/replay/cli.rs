@@ -144,7 +144,10 @@ pub struct SweepArgs {
 }
 
 /// Builds the config from the file and the flags.
-pub fn resolve(flags: &RunFlags, concurrency: Option<usize>) -> anyhow::Result<ReplayConfig> {
+pub(crate) fn resolve(
+    flags: &RunFlags,
+    concurrency: Option<usize>,
+) -> anyhow::Result<ReplayConfig> {
     let mut c = match &flags.config {
         Some(p) => ReplayConfig::from_file(p)?,
         None => ReplayConfig::default(),
@@ -245,7 +248,7 @@ fn check_budget(config: &ReplayConfig, dataset: &Dataset) -> Result<(), ExitCode
 }
 
 /// Runs one replay.
-pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if !args.captures.is_empty() {
         return run_captures(&args, &args.captures).await;
     }
@@ -360,7 +363,7 @@ fn exit_code(s: &super::ReplaySummary, require_pass: bool) -> ExitCode {
 }
 
 /// Runs one replay per concurrency point.
-pub async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run_sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
     let config = match prepare(&args.run, args.concurrency.first().copied()) {
         Ok(c) => c,
         Err(code) => return Ok(code),

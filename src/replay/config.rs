@@ -138,10 +138,10 @@ impl<'de> Deserialize<'de> for Targets {
 
 /// Default of `max_response_bytes`: hundreds of times the largest reply of a real agent turn
 /// (a 32 K-token reply streamed token by token is about 8 MiB of SSE).
-pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RESPONSE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Smallest `max_response_bytes` accepted: room for a response head and a short reply.
-pub const MIN_MAX_RESPONSE_BYTES: u64 = 4096;
+pub(crate) const MIN_MAX_RESPONSE_BYTES: u64 = 4096;
 
 /// Everything one replay needs; `agentrace replay` flags override the TOML values.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,7 +254,7 @@ pub struct Gates {
 }
 
 /// The gates of a known preset.
-pub fn preset_gates(preset: &str) -> Option<Gates> {
+pub(crate) fn preset_gates(preset: &str) -> Option<Gates> {
     match preset {
         "qwen3.6-35b-a3b" => Some(Gates {
             accuracy: 0.5586,

@@ -15,7 +15,7 @@ use super::client::Response;
 
 /// `TextModelOutput` text fields: a plain string or `[first, rest]` parts (reference §14.3).
 #[derive(Debug, Clone, PartialEq)]
-pub enum OutputText {
+pub(crate) enum OutputText {
     /// One string.
     Text(String),
     /// First delta, then the rest joined (absent when there was one delta).
@@ -24,7 +24,7 @@ pub enum OutputText {
 
 impl OutputText {
     /// The whole text.
-    pub fn joined(&self) -> String {
+    pub(crate) fn joined(&self) -> String {
         match self {
             OutputText::Text(s) => s.clone(),
             OutputText::Parts(p) => p.concat(),
@@ -41,7 +41,7 @@ impl OutputText {
 
 /// What the model answered, in the reference's `TextModelOutput` shape.
 #[derive(Debug, Clone)]
-pub struct ModelOutput {
+pub(crate) struct ModelOutput {
     /// `output`.
     pub output: OutputText,
     /// `reasoning`.
@@ -52,7 +52,7 @@ pub struct ModelOutput {
 
 impl ModelOutput {
     /// `["TextModelOutput", output, reasoning, tool_calls]`.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let tools = match &self.tool_calls {
             None => serde_json::Value::Null,
             Some(list) => serde_json::Value::Array(
@@ -70,7 +70,7 @@ impl ModelOutput {
     }
 
     /// Characters of content, reasoning and tool-call bytes: the basis of estimated counts.
-    pub fn char_len(&self) -> usize {
+    pub(crate) fn char_len(&self) -> usize {
         self.output.joined().chars().count()
             + self
                 .reasoning
@@ -85,7 +85,7 @@ impl ModelOutput {
 
 /// Token counts reported by the server.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// `prompt_tokens`.
     #[serde(default)]
     pub prompt_tokens: u64,
@@ -111,7 +111,7 @@ fn cached_tokens<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, 
 
 /// A decoded successful response.
 #[derive(Debug, Clone)]
-pub struct Decoded {
+pub(crate) struct Decoded {
     /// The model output.
     pub output: ModelOutput,
     /// `finish_reason` of the last chunk that carried one.
@@ -125,7 +125,7 @@ pub struct Decoded {
 
 /// Why a response is a failed turn.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     /// Non-200 status: `HTTP <code>: <body>` as the reference writes it.
     #[error("HTTP {status}: {body}")]
     Status {
@@ -180,7 +180,7 @@ fn non_empty_list(raw: &RawValue) -> bool {
 }
 
 /// Decodes a response; `streaming` says which shape was asked for.
-pub fn decode(resp: &Response, streaming: bool) -> Result<Decoded, DecodeError> {
+pub(crate) fn decode(resp: &Response, streaming: bool) -> Result<Decoded, DecodeError> {
     if resp.status != 200 {
         let body = String::from_utf8_lossy(&resp.body[..resp.body.len().min(1024)]).into_owned();
         return Err(DecodeError::Status {

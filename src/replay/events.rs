@@ -13,7 +13,7 @@ use super::decode::ModelOutput;
 
 /// What an ISSUED record says about the prompt.
 #[derive(Debug)]
-pub enum Prompt {
+pub(crate) enum Prompt {
     /// A skipped (aborted) turn: every field null.
     Skipped,
     /// A sent request: a compact reference, or (with `--log-prompts full`) the whole prompt.
@@ -34,7 +34,7 @@ pub enum Prompt {
 
 /// A fast 64-bit fingerprint of a request body (not cryptographic): it identifies which bytes
 /// were sent without hashing megabytes per second on the writer thread.
-pub fn fingerprint(bytes: &[u8]) -> u64 {
+pub(crate) fn fingerprint(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
@@ -50,7 +50,7 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
 /// The system monotonic clock (`CLOCK_MONOTONIC`, what Python's `time.monotonic_ns()` reads)
 /// at `at`, in ns: the clock read now, less the time elapsed since `at`. `None` only if `at`
 /// lies before the clock's zero, which a real instant never does.
-pub fn monotonic_ns(at: std::time::Instant) -> Option<u64> {
+pub(crate) fn monotonic_ns(at: std::time::Instant) -> Option<u64> {
     let elapsed = at.elapsed();
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     let now_ns = u64::try_from(now.tv_sec)
@@ -62,7 +62,7 @@ pub fn monotonic_ns(at: std::time::Instant) -> Option<u64> {
 
 /// One line of `events.jsonl`.
 #[derive(Debug)]
-pub enum Record {
+pub(crate) enum Record {
     /// `session.*`.
     Session {
         /// `started`, `start_performance_tracking`, `stop_performance_tracking`, `ended`.
@@ -132,11 +132,11 @@ pub enum Record {
 
 /// A sample UUID: 128 random bits written as 32 lowercase hex chars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Uuid(pub u128);
+pub(crate) struct Uuid(pub u128);
 
 impl Uuid {
     /// A fresh random (v4-shaped) id.
-    pub fn random<R: rand::Rng>(rng: &mut R) -> Uuid {
+    pub(crate) fn random<R: rand::Rng>(rng: &mut R) -> Uuid {
         let mut v: u128 = rng.gen();
         v = (v & !(0xf << 76)) | (0x4 << 76);
         v = (v & !(0x3 << 62)) | (0x2 << 62);
@@ -152,7 +152,7 @@ impl std::fmt::Display for Uuid {
 
 /// Why the log could not be written.
 #[derive(Debug, thiserror::Error)]
-pub enum EventsError {
+pub(crate) enum EventsError {
     /// Creating or writing the file failed.
     #[error("{path}: {source}")]
     Io {
@@ -165,19 +165,19 @@ pub enum EventsError {
 
 /// The sending side, cloned into every slot.
 #[derive(Debug, Clone)]
-pub struct EventSink {
+pub(crate) struct EventSink {
     tx: Option<tokio::sync::mpsc::Sender<Record>>,
 }
 
 impl EventSink {
     /// A sink that drops everything (warmup).
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         Self { tx: None }
     }
 
     /// Queues a record; waits only when the writer is 16 K records behind (records hold no
     /// request bodies unless prompts are logged in full, so the queue stays small).
-    pub async fn send(&self, record: Record) {
+    pub(crate) async fn send(&self, record: Record) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(record).await;
         }
@@ -186,14 +186,14 @@ impl EventSink {
 
 /// The writer thread and its file.
 #[derive(Debug)]
-pub struct EventWriter {
+pub(crate) struct EventWriter {
     handle: std::thread::JoinHandle<Result<u64, EventsError>>,
 }
 
 impl EventWriter {
     /// Creates `path` and starts the writer; `zero` is added to every timestamp (the
     /// system monotonic clock at the run's process-local 0, or 0 to keep it local).
-    pub fn start(
+    pub(crate) fn start(
         path: &Path,
         prompts: LogPrompts,
         zero: u64,
@@ -234,7 +234,7 @@ impl EventWriter {
     }
 
     /// Waits until every sink is dropped and the file is flushed; returns the line count.
-    pub async fn finish(self) -> Result<u64, EventsError> {
+    pub(crate) async fn finish(self) -> Result<u64, EventsError> {
         tokio::task::spawn_blocking(move || {
             self.handle.join().unwrap_or_else(|_| {
                 Err(EventsError::Io {
@@ -278,13 +278,14 @@ fn head(out: &mut Vec<u8>, event_type: &str, ts: u64, uuid: &str, conv: &str, tu
 }
 
 /// Serialises one record exactly in the reference's key order.
-pub fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
+#[cfg(test)]
+pub(crate) fn encode(record: &Record, prompts: LogPrompts, out: &mut Vec<u8>) {
     encode_at(record, prompts, 0, out);
 }
 
 /// [`encode`] with every `timestamp_ns` moved by `zero`: the clock reading at the run's
 /// process-local 0, so that the file is on the system monotonic clock.
-pub fn encode_at(record: &Record, prompts: LogPrompts, zero: u64, out: &mut Vec<u8>) {
+pub(crate) fn encode_at(record: &Record, prompts: LogPrompts, zero: u64, out: &mut Vec<u8>) {
     match record {
         Record::Session { name, ts } => {
             head(out, &format!("session.{name}"), *ts + zero, "", "", None);

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::scheduler::{Finish, TrajectoryRecord, TurnKind, TurnRecord};
 
 /// The reference's percentile grid and key spelling.
-pub const PERCENTILES: [(f64, &str); 12] = [
+pub(crate) const PERCENTILES: [(f64, &str); 12] = [
     (99.9, "99.9"),
     (99.0, "99.0"),
     (97.0, "97.0"),
@@ -28,7 +28,7 @@ pub const PERCENTILES: [(f64, &str); 12] = [
 ];
 
 /// `np.percentile(values, p, method="lower")` on ascending-sorted values.
-pub fn percentile_lower(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile_lower(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -163,7 +163,7 @@ pub struct UserProgress {
 
 /// Buckets of `UserProgress::output_tokens_over_time`: fixed, so a short run still draws a
 /// curve and a long one stays small.
-pub const TOKEN_BUCKETS: usize = 60;
+pub(crate) const TOKEN_BUCKETS: usize = 60;
 
 /// Distribution of a per-user figure across users.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -257,7 +257,7 @@ pub struct FailureReason {
 /// Failure reasons with their counts, bounded: past [`FailureReasons::MAX_REASONS`] distinct
 /// reasons, further ones are only counted in `other`.
 #[derive(Debug, Clone, Default)]
-pub struct FailureReasons {
+pub(crate) struct FailureReasons {
     /// (kind, message with digit runs as `#`) → (first message, count).
     counts: BTreeMap<(TurnKind, String), (String, u64)>,
     /// Failures whose reason was not kept.
@@ -285,12 +285,12 @@ fn reason_shape(reason: &str) -> String {
 
 impl FailureReasons {
     /// Distinct reasons kept.
-    pub const MAX_REASONS: usize = 32;
+    pub(crate) const MAX_REASONS: usize = 32;
     /// Longest reason kept, in characters.
-    pub const MAX_REASON_CHARS: usize = 200;
+    pub(crate) const MAX_REASON_CHARS: usize = 200;
 
     /// Counts one failure.
-    pub fn add(&mut self, kind: TurnKind, reason: &str) {
+    pub(crate) fn add(&mut self, kind: TurnKind, reason: &str) {
         let reason = match reason.char_indices().nth(Self::MAX_REASON_CHARS) {
             Some((cut, _)) => format!("{}…", &reason[..cut]),
             None => reason.to_string(),
@@ -309,7 +309,7 @@ impl FailureReasons {
     }
 
     /// Adds another set's counts.
-    pub fn merge(&mut self, other: FailureReasons) {
+    pub(crate) fn merge(&mut self, other: FailureReasons) {
         self.other += other.other;
         for (key, (example, n)) in other.counts {
             self.count(key, example, n);
@@ -317,7 +317,7 @@ impl FailureReasons {
     }
 
     /// The reasons, most frequent first.
-    pub fn ranked(&self) -> Vec<FailureReason> {
+    pub(crate) fn ranked(&self) -> Vec<FailureReason> {
         let mut out: Vec<FailureReason> = self
             .counts
             .iter()
@@ -424,7 +424,7 @@ pub struct Metrics {
 }
 
 /// Inputs of the computation.
-pub struct Window<'a> {
+pub(crate) struct Window<'a> {
     /// Every turn record.
     pub turns: &'a [TurnRecord],
     /// Every trajectory.
@@ -444,7 +444,7 @@ pub struct Window<'a> {
 }
 
 /// Computes every metric.
-pub fn compute(w: &Window<'_>) -> Metrics {
+pub(crate) fn compute(w: &Window<'_>) -> Metrics {
     let mut m = Metrics {
         turn_filter: "tracked (issued inside the performance window), HTTP 200, not synthetic",
         ..Default::default()

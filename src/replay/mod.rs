@@ -1,16 +1,16 @@
 //! The closed-loop replayer: scheduler (slots, budget, delays) → client (HTTP, SSE scan) →
 //! events log → metrics, inline scorer and report; and the Pareto sweep.
 
-pub mod cli;
-pub mod client;
-pub mod config;
-pub mod decode;
-pub mod events;
-pub mod metrics;
+pub(crate) mod cli;
+pub(crate) mod client;
+pub(crate) mod config;
+pub(crate) mod decode;
+pub(crate) mod events;
+pub(crate) mod metrics;
 pub mod open_loop;
-pub mod per_target;
-pub mod report;
-pub mod scheduler;
+pub(crate) mod per_target;
+pub(crate) mod report;
+pub(crate) mod scheduler;
 pub mod scorer;
 pub mod sweep;
 
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 pub use config::{ConfigError, LogPrompts, ReplayConfig, Targets};
 pub use metrics::Metrics;
+pub use report::verdict;
 
 use crate::dataset::{Dataset, RequestBuilder};
 use crate::shutdown::Shutdown;

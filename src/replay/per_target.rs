@@ -9,7 +9,7 @@ use super::scheduler::{TrajectoryRecord, TurnKind, TurnRecord};
 
 /// One endpoint's share of a run.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct TargetFigures {
+pub(crate) struct TargetFigures {
     /// The endpoint's URL.
     pub target: String,
     /// Trajectories started on it.
@@ -32,7 +32,7 @@ pub struct TargetFigures {
 }
 
 /// The figures of every endpoint in `targets`, in their order.
-pub fn compute(
+pub(crate) fn compute(
     targets: &[String],
     turns: &[TurnRecord],
     trajectories: &[TrajectoryRecord],

@@ -18,7 +18,7 @@ use crate::dataset::Dataset;
 use crate::shutdown::Shutdown;
 
 /// The accuracy and OSL gates in force.
-pub fn gates(config: &ReplayConfig, m: &Metrics, scores: &Scores) -> Vec<Gate> {
+pub(crate) fn gates(config: &ReplayConfig, m: &Metrics, scores: &Scores) -> Vec<Gate> {
     let Some(g) = config.gates() else {
         return Vec::new();
     };
@@ -84,7 +84,7 @@ fn ms(s: &Option<Series>, key: &str) -> f64 {
 }
 
 /// The headline.
-pub fn summary(
+pub(crate) fn summary(
     config: &ReplayConfig,
     m: &Metrics,
     scores: &Scores,
@@ -138,7 +138,7 @@ pub fn summary(
 }
 
 /// Inputs of `result_summary.json`.
-pub struct SummaryInputs<'a> {
+pub(crate) struct SummaryInputs<'a> {
     /// Run config.
     pub config: &'a ReplayConfig,
     /// Dataset.
@@ -161,7 +161,7 @@ pub struct SummaryInputs<'a> {
 }
 
 /// `result_summary.json`: the reference's keys first, then agentrace's additions.
-pub fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
+pub(crate) fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
     let m = i.metrics;
     let mut config = serde_json::to_value(i.config).unwrap_or_default();
     if let Some(obj) = config.as_object_mut() {
@@ -242,7 +242,7 @@ fn f(v: f64, prec: usize) -> String {
 }
 
 /// `report.txt`: fits a screen.
-pub fn report_text(
+pub(crate) fn report_text(
     config: &ReplayConfig,
     dataset: &Dataset,
     m: &Metrics,
@@ -444,7 +444,7 @@ fn per_target_lines(o: &mut String, per_target: &[TargetFigures]) {
 }
 
 /// Starts the live progress line; returns the bar and the ticking task.
-pub fn spawn_progress(
+pub(crate) fn spawn_progress(
     progress: Arc<Progress>,
     total: u64,
     shutdown: Shutdown,

@@ -58,7 +58,7 @@ impl TurnKind {
 
 /// Finish reasons counted as the reference does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(crate) enum Finish {
     /// `stop`.
     Stop,
     /// `length`.
@@ -88,15 +88,11 @@ impl Finish {
 
 /// Everything measured about one turn (times in ns since the run's epoch).
 #[derive(Debug, Clone)]
-pub struct TurnRecord {
+pub(crate) struct TurnRecord {
     /// Slot (user) index.
     pub slot: u32,
     /// Index of the endpoint it went to (`ReplayConfig::target`).
     pub target: u32,
-    /// Trajectory instance number k (0-based).
-    pub instance: u64,
-    /// Dataset turn number.
-    pub turn: u32,
     /// How it ended.
     pub kind: TurnKind,
     /// Issued while tracking was on.
@@ -131,15 +127,11 @@ pub struct TurnRecord {
 
 /// One trajectory instance as a user experienced it.
 #[derive(Debug, Clone)]
-pub struct TrajectoryRecord {
+pub(crate) struct TrajectoryRecord {
     /// Slot that ran it.
     pub slot: u32,
     /// Index of the endpoint all its turns went to.
     pub target: u32,
-    /// Instance number.
-    pub instance: u64,
-    /// Logical id.
-    pub logical_id: Arc<str>,
     /// First ISSUED.
     pub start_ns: u64,
     /// Last COMPLETE.
@@ -154,7 +146,7 @@ pub struct TrajectoryRecord {
 
 /// Live counters for the progress line.
 #[derive(Debug, Default)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Trajectories finished.
     pub trajectories: AtomicU64,
     /// Turns completed successfully.
@@ -207,17 +199,17 @@ pub(crate) struct SlotResult {
 }
 
 impl Phase {
-    pub fn ns(&self, t: Instant) -> u64 {
+    pub(crate) fn ns(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    pub fn start_tracking(&self) -> u64 {
+    pub(crate) fn start_tracking(&self) -> u64 {
         self.tracking.store(TRACKING, Ordering::SeqCst);
         self.ns(Instant::now())
     }
 
     /// Idempotent; true the first time.
-    pub async fn stop_tracking(&self) -> bool {
+    pub(crate) async fn stop_tracking(&self) -> bool {
         if self
             .tracking
             .compare_exchange(TRACKING, STOPPED, Ordering::SeqCst, Ordering::SeqCst)
@@ -353,8 +345,6 @@ async fn run_trajectory(
     let mut traj = TrajectoryRecord {
         slot,
         target: target as u32,
-        instance: k,
-        logical_id: logical.clone(),
         start_ns: 0,
         end_ns: 0,
         completed: true,
@@ -492,8 +482,6 @@ async fn run_trajectory(
         let mut record = TurnRecord {
             slot,
             target: target as u32,
-            instance: k,
-            turn: turn.turn,
             kind: TurnKind::Ok,
             tracked,
             intended_ns: phase.ns(deadline),
@@ -686,7 +674,7 @@ async fn exchange_on(
 async fn abort_remaining(
     phase: &Phase,
     (slot, target): (u32, u32),
-    k: u64,
+    _k: u64,
     logical: &Arc<str>,
     rest: &[crate::dataset::ClientTurn],
     reason: &str,
@@ -728,8 +716,6 @@ async fn abort_remaining(
         out.turns.push(TurnRecord {
             slot,
             target,
-            instance: k,
-            turn: turn.turn,
             kind: TurnKind::Aborted,
             tracked: !phase.warmup && phase.tracking.load(Ordering::SeqCst) == TRACKING,
             intended_ns: ts,
@@ -778,7 +764,7 @@ async fn wait_until(phase: &Phase, deadline: Instant) -> bool {
 /// Waits for a send's deadline: precisely (a kernel timer wakes the slot within tens of
 /// microseconds) or on tokio's millisecond ticks. A deadline already passed (a first turn, a
 /// slow response's follow-up) sends at once: tokio would wait for its next timer turn.
-pub async fn pace(deadline: Instant, precise: bool) {
+pub(crate) async fn pace(deadline: Instant, precise: bool) {
     if Instant::now() >= deadline {
         return;
     }
@@ -790,7 +776,7 @@ pub async fn pace(deadline: Instant, precise: bool) {
 }
 
 /// Python's `str(float)` for the values a timeout takes (`2.0`, `0.25`, `14400.0`).
-pub fn py_float(v: f64) -> String {
+pub(crate) fn py_float(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e16 {
         format!("{v:.1}")
     } else {

@@ -39,10 +39,10 @@ pub struct Scores {
 }
 
 /// Ground truth keyed by (source id, client turn).
-pub type Expected<'a> = HashMap<(&'a str, u32), &'a ExpectedReply>;
+pub(crate) type Expected<'a> = HashMap<(&'a str, u32), &'a ExpectedReply>;
 
 /// Collects the ground truth of every client turn followed by an assistant row.
-pub fn expected(dataset: &Dataset) -> Expected<'_> {
+pub(crate) fn expected(dataset: &Dataset) -> Expected<'_> {
     let mut map = HashMap::new();
     for conv in &dataset.conversations {
         for t in &conv.client_turns {
@@ -69,7 +69,7 @@ fn is_workflow(source: &str) -> bool {
 }
 
 /// `(source, repeat)` of a logical id.
-pub fn split_repeat(logical: &str) -> (&str, u64) {
+pub(crate) fn split_repeat(logical: &str) -> (&str, u64) {
     match repeat_re().captures(logical) {
         Some(c) => {
             let whole = c.get(0).expect("match");
@@ -128,7 +128,7 @@ fn alias(exe: &str) -> Option<&'static str> {
 }
 
 /// Normalised bash actions of one command string (§17.4 steps 3–7).
-pub fn command_actions(command: &str) -> Vec<&'static str> {
+pub(crate) fn command_actions(command: &str) -> Vec<&'static str> {
     static QUOTED: OnceLock<Regex> = OnceLock::new();
     static STAGES: OnceLock<Regex> = OnceLock::new();
     static ASSIGN: OnceLock<Regex> = OnceLock::new();
@@ -161,7 +161,7 @@ pub fn command_actions(command: &str) -> Vec<&'static str> {
 }
 
 /// Bash actions of a list of tool calls (§17.4 `_bash_actions`).
-pub fn bash_actions(tool_calls: Option<&Value>) -> Vec<&'static str> {
+pub(crate) fn bash_actions(tool_calls: Option<&Value>) -> Vec<&'static str> {
     let mut out = Vec::new();
     let Some(Value::Array(calls)) = tool_calls else {
         return out;
@@ -205,7 +205,7 @@ fn truthy(v: &Value) -> bool {
 }
 
 /// The model's intent code (§17.4 workflow turns).
-pub fn model_intent(reasoning: Option<&str>, content: Option<&str>) -> Option<String> {
+pub(crate) fn model_intent(reasoning: Option<&str>, content: Option<&str>) -> Option<String> {
     static EXPLICIT: OnceLock<Regex> = OnceLock::new();
     static BARE: OnceLock<Regex> = OnceLock::new();
     let explicit = re(&EXPLICIT, r"(?i)\bintent:\s*(I\d{3})\b");
@@ -245,7 +245,7 @@ fn multiset_jaccard(gt: &[&str], model: &[&str]) -> f64 {
 }
 
 /// Python's `round(x, 4)` (correctly rounded on the binary value).
-pub fn round4(x: f64) -> f64 {
+pub(crate) fn round4(x: f64) -> f64 {
     format!("{x:.4}").parse().unwrap_or(x)
 }
 

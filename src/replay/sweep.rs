@@ -35,7 +35,7 @@ pub struct Point {
 
 /// One placement rule and whether the sweep meets it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     /// The rule.
     pub rule: String,
     /// Met?
@@ -44,7 +44,7 @@ pub struct Check {
 
 /// Concurrency regions for `1 <= c_min <= 32 < c_max` (half-to-even rounding, as Python).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Regions {
+pub(crate) struct Regions {
     /// Low region `[c_min + 1, low_end]`.
     pub low: [u64; 2],
     /// Medium region.
@@ -54,7 +54,7 @@ pub struct Regions {
 }
 
 /// The region boundaries of §15.3, or `None` when the rule does not apply.
-pub fn regions(c_min: u64, c_max: u64) -> Option<Regions> {
+pub(crate) fn regions(c_min: u64, c_max: u64) -> Option<Regions> {
     if !(1..=32).contains(&c_min) || c_max <= 32 {
         return None;
     }
@@ -69,7 +69,7 @@ pub fn regions(c_min: u64, c_max: u64) -> Option<Regions> {
 }
 
 /// Checks the placement rules on a set of concurrencies.
-pub fn placement_checks(concurrencies: &[usize]) -> Vec<Check> {
+pub(crate) fn placement_checks(concurrencies: &[usize]) -> Vec<Check> {
     let n = concurrencies.len();
     let mut checks = vec![
         Check {

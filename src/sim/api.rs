@@ -6,7 +6,7 @@ use serde_json::Value;
 
 /// A `POST /v1/chat/completions` body.
 #[derive(Debug, Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     /// Echoed back when given.
     #[serde(default)]
     pub model: Option<String>,
@@ -40,7 +40,7 @@ pub struct ChatRequest {
 
 /// A `POST /v1/completions` body.
 #[derive(Debug, Deserialize)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     /// Echoed back when given.
     #[serde(default)]
     pub model: Option<String>,
@@ -62,7 +62,7 @@ pub struct CompletionRequest {
 
 /// `stream_options`.
 #[derive(Debug, Default, Deserialize)]
-pub struct StreamOptions {
+pub(crate) struct StreamOptions {
     /// Send a usage chunk before `[DONE]`.
     #[serde(default)]
     pub include_usage: Option<bool>,
@@ -103,7 +103,7 @@ impl Message {
 }
 
 /// Text of a `content` value: a string, or the `text` of each part, concatenated.
-pub fn content_text(content: &Value, out: &mut String) {
+pub(crate) fn content_text(content: &Value, out: &mut String) {
     match content {
         Value::String(s) => out.push_str(s),
         Value::Array(parts) => {

@@ -135,7 +135,7 @@ impl SimSettings {
 }
 
 /// Runs the simulated replicas until a shutdown signal.
-pub async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     if args.replicas == 0 {
         eprintln!("error: --replicas: must be >= 1, got 0");
         return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));

@@ -5,7 +5,7 @@ use super::config::EngineConfig;
 
 /// The cost model of one replica, in milliseconds.
 #[derive(Debug, Clone)]
-pub struct CostModel {
+pub(crate) struct CostModel {
     t_fixed_ms: f64,
     t_tok_ms: f64,
     l_eq: f64,
@@ -17,7 +17,7 @@ pub struct CostModel {
 
 impl CostModel {
     /// The model of an engine configuration.
-    pub fn new(e: &EngineConfig) -> CostModel {
+    pub(crate) fn new(e: &EngineConfig) -> CostModel {
         let ms_per_byte = 1e3 / e.bandwidth_bytes_per_s;
         CostModel {
             t_fixed_ms: e.t_fixed_ms,
@@ -31,14 +31,14 @@ impl CostModel {
     }
 
     /// Prefilling `u` new tokens on top of `c` tokens already in KV.
-    pub fn prefill_chunk_ms(&self, u: usize, c: usize) -> f64 {
+    pub(crate) fn prefill_chunk_ms(&self, u: usize, c: usize) -> f64 {
         let (u, c) = (u as f64, c as f64);
         u * self.t_tok_ms * (1.0 + (c + u / 2.0) / self.l_eq)
     }
 
     /// One decode step for `batch` sequences holding `context` tokens in total (without the
     /// fixed step cost).
-    pub fn decode_ms(&self, batch: usize, context: usize) -> f64 {
+    pub(crate) fn decode_ms(&self, batch: usize, context: usize) -> f64 {
         if batch == 0 {
             return 0.0;
         }
@@ -47,7 +47,7 @@ impl CostModel {
     }
 
     /// A whole step: the fixed cost, the decode term and every prefill chunk `(u, c)`.
-    pub fn step_ms(
+    pub(crate) fn step_ms(
         &self,
         batch: usize,
         context: usize,

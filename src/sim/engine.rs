@@ -17,14 +17,14 @@ use super::render::Prompt;
 
 /// Maps simulated time to real time: real = epoch + simulated × scale.
 #[derive(Debug, Clone, Copy)]
-pub struct SimClock {
+pub(crate) struct SimClock {
     epoch: Instant,
     scale: f64,
 }
 
 impl SimClock {
     /// A clock starting now.
-    pub fn new(scale: f64) -> SimClock {
+    pub(crate) fn new(scale: f64) -> SimClock {
         SimClock {
             epoch: Instant::now(),
             scale,
@@ -32,36 +32,36 @@ impl SimClock {
     }
 
     /// Simulated nanoseconds at real instant `t`.
-    pub fn sim_ns(&self, t: Instant) -> u64 {
+    pub(crate) fn sim_ns(&self, t: Instant) -> u64 {
         (t.saturating_duration_since(self.epoch).as_nanos() as f64 / self.scale) as u64
     }
 
     /// Simulated nanoseconds now.
-    pub fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         self.sim_ns(Instant::now())
     }
 
     /// How far (simulated ns) the engine may run behind the real clock before it catches up:
     /// two timer ticks of real time, so millisecond timer rounding never moves the
     /// simulated clock and paused-time runs stay exact.
-    pub fn lag_tolerance_ns(&self) -> u64 {
+    pub(crate) fn lag_tolerance_ns(&self) -> u64 {
         (2e6 / self.scale) as u64
     }
 
     /// The real instant of simulated time `ns`.
-    pub fn real_at(&self, ns: u64) -> Instant {
+    pub(crate) fn real_at(&self, ns: u64) -> Instant {
         self.epoch + Duration::from_nanos((ns as f64 * self.scale) as u64)
     }
 }
 
 /// Simulated nanoseconds as seconds.
-pub fn secs(ns: u64) -> f64 {
+pub(crate) fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
 /// A request handed to the engine by the HTTP layer.
 #[derive(Debug)]
-pub struct Submission {
+pub(crate) struct Submission {
     /// Accept order: breaks ties between requests ready at the same simulated instant.
     pub seq: u64,
     /// When the request arrived (simulated ns).
@@ -80,7 +80,7 @@ pub struct Submission {
 
 /// Fields of the ground-truth log line the engine does not know itself.
 #[derive(Debug, Clone, Default)]
-pub struct TraceContext {
+pub(crate) struct TraceContext {
     /// The response id.
     pub request_id: String,
     /// `x-session-id` of the request, if any.
@@ -91,7 +91,7 @@ pub struct TraceContext {
 
 /// What the engine reports about a request.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Event {
+pub(crate) enum Event {
     /// The n-th token (1-based) was generated at simulated time `at_ns`.
     Token {
         /// Tokens generated so far.
@@ -105,7 +105,7 @@ pub enum Event {
 
 /// Where a request's time went, in simulated ns; the usage block and trace log use these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Timings {
+pub(crate) struct Timings {
     /// Arrival.
     pub arrival_ns: u64,
     /// Reached the engine.
@@ -128,7 +128,7 @@ pub struct Timings {
 
 /// Messages to an engine.
 #[derive(Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// A new request.
     Submit(Submission),
     /// Forget the prefix cache; answered when done.
@@ -162,7 +162,7 @@ impl Seq {
 }
 
 /// One replica's engine state; [`Engine::run`] is its task.
-pub struct Engine {
+pub(crate) struct Engine {
     cfg: EngineConfig,
     cost: CostModel,
     pool: BlockPool,
@@ -178,7 +178,7 @@ pub struct Engine {
 
 impl Engine {
     /// An idle engine reading commands from `rx`.
-    pub fn new(
+    pub(crate) fn new(
         cfg: EngineConfig,
         clock: SimClock,
         rx: mpsc::UnboundedReceiver<Command>,
@@ -202,7 +202,7 @@ impl Engine {
     }
 
     /// Runs until every command sender is gone and no request is left.
-    pub async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
                 match self.rx.recv().await {

@@ -12,7 +12,7 @@ const TOOL_CALL_HEADER_TOKENS: u32 = 3;
 
 /// The delta one piece adds to the reply.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Delta {
+pub(crate) enum Delta {
     /// A fragment of `reasoning_content`.
     Reasoning(String),
     /// A fragment of `content`.
@@ -37,7 +37,7 @@ pub enum Delta {
 
 /// One streamed delta and the tokens it costs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// What it adds.
     pub delta: Delta,
     /// Tokens the engine must generate before it is released.
@@ -46,7 +46,7 @@ pub struct Piece {
 
 /// Why a reply ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
+pub(crate) enum FinishReason {
     /// Natural end.
     Stop,
     /// The token cap.
@@ -57,7 +57,7 @@ pub enum FinishReason {
 
 impl FinishReason {
     /// The OpenAI string.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
@@ -68,7 +68,7 @@ impl FinishReason {
 
 /// A whole planned reply.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The deltas in order.
     pub pieces: Vec<Piece>,
     /// Tokens the engine generates (`completion_tokens`).
@@ -89,7 +89,7 @@ impl Reply {
 
     /// Applies the token cap: pieces that do not fit entirely are dropped and the reply
     /// ends with `length` after exactly `max` tokens. `ignore_eos` pads to `max`.
-    pub fn cap(mut self, max: Option<u64>, ignore_eos: bool, rng: &mut Rng) -> Reply {
+    pub(crate) fn cap(mut self, max: Option<u64>, ignore_eos: bool, rng: &mut Rng) -> Reply {
         let Some(max) = max.map(|m| m.max(1) as usize) else {
             return self;
         };
@@ -117,7 +117,7 @@ impl Reply {
     }
 
     /// The text of every `Content` piece.
-    pub fn content(&self) -> String {
+    pub(crate) fn content(&self) -> String {
         self.pieces
             .iter()
             .filter_map(|p| match &p.delta {
@@ -128,7 +128,7 @@ impl Reply {
     }
 
     /// The text of every `Reasoning` piece.
-    pub fn reasoning(&self) -> String {
+    pub(crate) fn reasoning(&self) -> String {
         self.pieces
             .iter()
             .filter_map(|p| match &p.delta {
@@ -139,7 +139,7 @@ impl Reply {
     }
 
     /// The tool calls assembled as the non-streaming `message.tool_calls` array.
-    pub fn tool_calls(&self) -> Vec<Value> {
+    pub(crate) fn tool_calls(&self) -> Vec<Value> {
         let mut calls: Vec<(String, String, String)> = Vec::new();
         for p in &self.pieces {
             match &p.delta {
@@ -165,7 +165,7 @@ impl Reply {
 
 /// What the synthetic responder needs to know about a chat request.
 #[derive(Debug, Clone, Copy)]
-pub struct ChatShape<'a> {
+pub(crate) struct ChatShape<'a> {
     /// The request's `tools`.
     pub tools: Option<&'a [Value]>,
     /// The request's `tool_choice`.
@@ -196,7 +196,7 @@ fn text_pieces(tokens: &[String], kind: fn(String) -> Delta) -> impl Iterator<It
 }
 
 /// Cuts text into pseudo-token fragments of at most 4 bytes on character boundaries.
-pub fn fragments(text: &str) -> Vec<String> {
+pub(crate) fn fragments(text: &str) -> Vec<String> {
     let mut out = Vec::with_capacity(text.len() / BYTES_PER_TOKEN + 1);
     let mut start = 0;
     while start < text.len() {
@@ -223,7 +223,7 @@ fn tool_call_pieces(index: usize, id: String, name: String, arguments: &str) -> 
 }
 
 /// The synthetic reply to a chat request.
-pub fn synthetic_chat(shape: ChatShape<'_>, cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
+pub(crate) fn synthetic_chat(shape: ChatShape<'_>, cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
     let natural = rng.int(cfg.output_tokens_min, cfg.output_tokens_max);
     let reasoning_tokens = if shape.thinking {
         (natural as f64 * cfg.reasoning_ratio) as usize
@@ -251,7 +251,7 @@ pub fn synthetic_chat(shape: ChatShape<'_>, cfg: &ResponderConfig, rng: &mut Rng
 }
 
 /// The synthetic reply to a text completion.
-pub fn synthetic_text(cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
+pub(crate) fn synthetic_text(cfg: &ResponderConfig, rng: &mut Rng) -> Reply {
     let natural = rng.int(cfg.output_tokens_min, cfg.output_tokens_max);
     Reply::new(
         text_pieces(&words(rng, natural), Delta::Content).collect(),
@@ -291,7 +291,7 @@ fn pick_tool<'a>(
 }
 
 /// A value valid against a JSON schema: required properties only, fixed values.
-pub fn example_value(schema: &Value) -> Value {
+pub(crate) fn example_value(schema: &Value) -> Value {
     let Some(obj) = schema.as_object() else {
         return Value::Object(Map::new());
     };
@@ -347,7 +347,7 @@ pub fn example_value(schema: &Value) -> Value {
 }
 
 /// A reply that replays recorded text and tool calls (the oracle's right answer).
-pub fn recorded(
+pub(crate) fn recorded(
     reasoning: Option<&str>,
     content: Option<&str>,
     tool_calls: Option<&Value>,
@@ -404,7 +404,7 @@ pub fn recorded(
 
 /// A deliberately wrong variant of a recorded reply: same shape and similar length, but
 /// every string argument and the content replaced.
-pub fn wrong(
+pub(crate) fn wrong(
     reasoning: Option<&str>,
     content: Option<&str>,
     tool_calls: Option<&Value>,

@@ -40,7 +40,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 const STREAM_BUFFER: usize = 64;
 
 /// Shared state of one replica's HTTP side.
-pub struct Replica {
+pub(crate) struct Replica {
     /// Its name, sent as `x-inference-pod`.
     pub name: String,
     /// The cluster's configuration.
@@ -62,7 +62,7 @@ pub struct Replica {
 }
 
 /// Accepts connections until `shutdown`, then drains them for a grace period.
-pub async fn serve(listener: TcpListener, replica: Arc<Replica>, mut shutdown: Shutdown) {
+pub(crate) async fn serve(listener: TcpListener, replica: Arc<Replica>, mut shutdown: Shutdown) {
     let graceful = GracefulShutdown::new();
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     loop {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 /// Index of a block in the pool.
-pub type BlockId = u32;
+pub(crate) type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
 
@@ -19,7 +19,7 @@ struct Block {
 
 /// A fixed pool of KV blocks.
 #[derive(Debug)]
-pub struct BlockPool {
+pub(crate) struct BlockPool {
     blocks: Vec<Block>,
     /// Cached full blocks by chained hash; a free block stays here until reused.
     index: HashMap<u64, BlockId>,
@@ -30,7 +30,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     /// A pool of `num_blocks` free, uncached blocks.
-    pub fn new(num_blocks: usize) -> BlockPool {
+    pub(crate) fn new(num_blocks: usize) -> BlockPool {
         let n = num_blocks as u32;
         let blocks = (0..n)
             .map(|i| Block {
@@ -49,23 +49,19 @@ impl BlockPool {
         }
     }
 
-    /// Total blocks.
-    pub fn capacity(&self) -> usize {
-        self.blocks.len()
-    }
-
     /// Blocks on the free list (cached or not).
-    pub fn free_blocks(&self) -> usize {
+    pub(crate) fn free_blocks(&self) -> usize {
         self.free
     }
 
     /// Blocks referenced by a running request.
-    pub fn used_blocks(&self) -> usize {
+    pub(crate) fn used_blocks(&self) -> usize {
         self.blocks.len() - self.free
     }
 
     /// Share of blocks in use, as vLLM's `kv_cache_usage_perc` (0..=1).
-    pub fn usage(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn usage(&self) -> f64 {
         if self.blocks.is_empty() {
             0.0
         } else {
@@ -75,7 +71,12 @@ impl BlockPool {
 
     /// The longest cached prefix of `hashes`, capped so that at least one of the prompt's
     /// `num_tokens` tokens is computed.
-    pub fn lookup(&self, hashes: &[u64], num_tokens: usize, block_size: usize) -> Vec<BlockId> {
+    pub(crate) fn lookup(
+        &self,
+        hashes: &[u64],
+        num_tokens: usize,
+        block_size: usize,
+    ) -> Vec<BlockId> {
         let cap = num_tokens.saturating_sub(1) / block_size;
         hashes
             .iter()
@@ -85,14 +86,14 @@ impl BlockPool {
     }
 
     /// How many of `hit` sit on the free list: touching them takes them off it.
-    pub fn free_among(&self, hit: &[BlockId]) -> usize {
+    pub(crate) fn free_among(&self, hit: &[BlockId]) -> usize {
         hit.iter()
             .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
             .count()
     }
 
     /// Takes a reference on cache hits.
-    pub fn touch(&mut self, hit: &[BlockId]) {
+    pub(crate) fn touch(&mut self, hit: &[BlockId]) {
         for &b in hit {
             if self.blocks[b as usize].ref_cnt == 0 {
                 self.unlink(b);
@@ -103,7 +104,7 @@ impl BlockPool {
 
     /// Allocates `n` blocks from the LRU head, evicting their cached hashes; `None` (and no
     /// change) when fewer than `n` are free.
-    pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
+    pub(crate) fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
         if n > self.free {
             return None;
         }
@@ -125,7 +126,7 @@ impl BlockPool {
 
     /// Marks a computed full block as cached under `hash` (the first block cached under a
     /// hash stays the one the index points to).
-    pub fn cache(&mut self, block: BlockId, hash: u64) {
+    pub(crate) fn cache(&mut self, block: BlockId, hash: u64) {
         let slot = &mut self.blocks[block as usize];
         if slot.hash.is_some() {
             return;
@@ -136,7 +137,7 @@ impl BlockPool {
 
     /// Drops a request's references, last block first, so a sequence's tail is evicted
     /// before its head.
-    pub fn free(&mut self, blocks: &[BlockId]) {
+    pub(crate) fn free(&mut self, blocks: &[BlockId]) {
         for &b in blocks.iter().rev() {
             let block = &mut self.blocks[b as usize];
             debug_assert!(block.ref_cnt > 0);
@@ -148,7 +149,7 @@ impl BlockPool {
     }
 
     /// Forgets every cached hash (vLLM's `reset_prefix_cache`); blocks in use stay allocated.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.index.clear();
         for block in &mut self.blocks {
             block.hash = None;

@@ -21,7 +21,7 @@ const REQUEST_BUCKETS: &[f64] = &[
 
 /// A fixed-bucket histogram of seconds.
 #[derive(Debug)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     bounds: &'static [f64],
     state: Mutex<(Vec<u64>, f64, u64)>,
 }
@@ -35,7 +35,7 @@ impl Histogram {
     }
 
     /// Records one observation.
-    pub fn observe(&self, seconds: f64) {
+    pub(crate) fn observe(&self, seconds: f64) {
         let mut s = self.state.lock();
         if let Some(i) = self.bounds.iter().position(|b| seconds <= *b) {
             s.0[i] += 1;
@@ -45,7 +45,7 @@ impl Histogram {
     }
 
     /// (sum, count).
-    pub fn sum_count(&self) -> (f64, u64) {
+    pub(crate) fn sum_count(&self) -> (f64, u64) {
         let s = self.state.lock();
         (s.1, s.2)
     }
@@ -66,7 +66,7 @@ impl Histogram {
 
 /// Everything one replica exposes on `/metrics`.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     model: String,
     legacy: bool,
     block_size: usize,
@@ -106,11 +106,16 @@ pub struct Metrics {
 }
 
 /// Labels of `vllm:request_success_total`, in `Metrics::finished` order.
-pub const FINISH_REASONS: [&str; 4] = ["stop", "length", "tool_calls", "abort"];
+pub(crate) const FINISH_REASONS: [&str; 4] = ["stop", "length", "tool_calls", "abort"];
 
 impl Metrics {
     /// Zeroed metrics for one replica.
-    pub fn new(model: &str, block_size: usize, num_gpu_blocks: usize, legacy: bool) -> Metrics {
+    pub(crate) fn new(
+        model: &str,
+        block_size: usize,
+        num_gpu_blocks: usize,
+        legacy: bool,
+    ) -> Metrics {
         Metrics {
             model: model.to_string(),
             legacy,
@@ -136,12 +141,12 @@ impl Metrics {
     }
 
     /// Share of KV blocks in use (0..=1).
-    pub fn kv_usage(&self) -> f64 {
+    pub(crate) fn kv_usage(&self) -> f64 {
         self.kv_blocks_used.load(Relaxed) as f64 / self.num_gpu_blocks.max(1) as f64
     }
 
     /// Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(8192);
         let labels = format!("model_name=\"{}\"", self.model);
         let gauge = |out: &mut String, name: &str, help: &str, v: String| {

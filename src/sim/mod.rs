@@ -3,29 +3,29 @@
 //!
 //! # Layout
 //!
-//! - [`config`]: profiles, the TOML format, validation.
-//! - [`api`]: lenient request types.
-//! - [`render`]: chat template → pseudo-tokens → chained block hashes.
-//! - [`kv`]: the block pool with prefix caching.
-//! - [`cost`]: the step latency model.
-//! - [`engine`]: one continuous-batching loop per replica, on its own simulated clock.
-//! - [`generate`]: what replies say (synthetic text, reasoning, tool calls).
-//! - [`oracle`]: recognises replayed dataset turns and answers with the recorded reply.
-//! - [`http`]: routes, faults, SSE.
-//! - [`metrics`]: per-replica vLLM-named metrics.
-//! - [`cli`]: `agentrace sim`.
+//! - `config`: profiles, the TOML format, validation.
+//! - `api`: lenient request types.
+//! - `render`: chat template → pseudo-tokens → chained block hashes.
+//! - `kv`: the block pool with prefix caching.
+//! - `cost`: the step latency model.
+//! - `engine`: one continuous-batching loop per replica, on its own simulated clock.
+//! - `generate`: what replies say (synthetic text, reasoning, tool calls).
+//! - `oracle`: recognises replayed dataset turns and answers with the recorded reply.
+//! - `http`: routes, faults, SSE.
+//! - `metrics`: per-replica vLLM-named metrics.
+//! - `cli`: `agentrace sim`.
 
-pub mod api;
-pub mod cli;
-pub mod config;
-pub mod cost;
-pub mod engine;
-pub mod generate;
-pub mod http;
-pub mod kv;
-pub mod metrics;
-pub mod oracle;
-pub mod render;
+pub(crate) mod api;
+pub(crate) mod cli;
+pub(crate) mod config;
+pub(crate) mod cost;
+pub(crate) mod engine;
+pub(crate) mod generate;
+pub(crate) mod http;
+pub(crate) mod kv;
+pub(crate) mod metrics;
+pub(crate) mod oracle;
+pub(crate) mod render;
 
 use std::io::Write as _;
 use std::net::SocketAddr;

@@ -91,7 +91,7 @@ impl Oracle {
 /// Chained hash after each message: element `k` identifies `messages[..=k]`. Fields that
 /// re-encoding may reorder or omit (key order, `content: null`) do not change it, and the
 /// salt markers of the first system message are ignored.
-pub fn history_hashes(messages: &[Message]) -> Vec<u64> {
+pub(crate) fn history_hashes(messages: &[Message]) -> Vec<u64> {
     let mut out = Vec::with_capacity(messages.len());
     let mut h = 0x5EED_0F0A_C1E0_0001u64;
     let mut seen_system = false;
@@ -144,7 +144,7 @@ pub fn history_hashes(messages: &[Message]) -> Vec<u64> {
 
 /// The system prompt without the reference's `[salt: xxxx]\n\n` prefix and
 /// `\n\n[salt: xxxx]` suffix.
-pub fn strip_salt(content: &str) -> &str {
+pub(crate) fn strip_salt(content: &str) -> &str {
     fn is_salt(s: &str) -> bool {
         s.len() == 4 && s.bytes().all(|b| b.is_ascii_hexdigit())
     }

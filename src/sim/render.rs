@@ -14,11 +14,11 @@ const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV64_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// Bytes per pseudo-token ("4 characters ≈ 1 token").
-pub const BYTES_PER_TOKEN: usize = 4;
+pub(crate) const BYTES_PER_TOKEN: usize = 4;
 
 /// A prompt as the KV cache sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Prompt {
+pub(crate) struct Prompt {
     /// Pseudo-token count.
     pub tokens: usize,
     /// Chained hash of every *full* block of the prompt, block 0 first.
@@ -27,7 +27,7 @@ pub struct Prompt {
 
 impl Prompt {
     /// Tokenizes `text` and hashes its full blocks of `block_size` tokens.
-    pub fn from_bytes(text: &[u8], block_size: usize) -> Prompt {
+    pub(crate) fn from_bytes(text: &[u8], block_size: usize) -> Prompt {
         let block_bytes = block_size * BYTES_PER_TOKEN;
         let full_blocks = text.len() / block_bytes;
         let mut block_hashes = Vec::with_capacity(full_blocks);
@@ -48,21 +48,16 @@ impl Prompt {
 }
 
 /// The pseudo-token id of one chunk of up to 4 bytes (FNV-1a).
-pub fn token_id(chunk: &[u8]) -> u32 {
+pub(crate) fn token_id(chunk: &[u8]) -> u32 {
     chunk.iter().fold(FNV32_OFFSET, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(FNV32_PRIME)
     })
 }
 
-/// Pseudo-token count of a text.
-pub fn count_tokens(text: &str) -> usize {
-    text.len().div_ceil(BYTES_PER_TOKEN)
-}
-
 /// Renders a chat as ChatML with the tools JSON in the system block and the generation
 /// prompt at the end. Each message renders on its own, so a history that extends another
 /// renders to an extension of its bytes.
-pub fn render_chat(messages: &[Message], tools: Option<&[Value]>) -> Vec<u8> {
+pub(crate) fn render_chat(messages: &[Message], tools: Option<&[Value]>) -> Vec<u8> {
     let mut out = String::with_capacity(4096);
     let tools_json = tools
         .filter(|t| !t.is_empty())
@@ -116,7 +111,7 @@ pub fn render_chat(messages: &[Message], tools: Option<&[Value]>) -> Vec<u8> {
 }
 
 /// 64-bit FNV-1a, used to seed per-request randomness from a request body.
-pub fn fnv64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(FNV64_OFFSET, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(FNV64_PRIME)
     })

@@ -377,7 +377,7 @@ pub fn drive_conversations(sink: &dyn ExchangeSink, convs: &[SampleConversation]
 
 /// A simulated backend on `127.0.0.1:0`, fast enough for tests.
 pub fn start_sim(shutdown: agentrace::shutdown::Shutdown) -> agentrace::sim::SimCluster {
-    let mut config = agentrace::sim::config::SimConfig {
+    let mut config = agentrace::sim::SimConfig {
         time_scale: 0.001,
         ..Default::default()
     };

@@ -15,6 +15,9 @@ use hyper::body::Frame;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = http_body_util::combinators::BoxBody<Bytes, BoxError>;
+
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -148,7 +151,7 @@ async fn handle(
     state: Arc<Mutex<State>>,
     cancelled: Arc<AtomicUsize>,
     planner: Planner,
-) -> Result<hyper::Response<agentrace::http_body::Body>, Infallible> {
+) -> Result<hyper::Response<Body>, Infallible> {
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
@@ -208,14 +211,14 @@ async fn handle(
         let resp = hyper::Response::builder()
             .status(plan.status)
             .header("content-type", "application/json")
-            .body(agentrace::http_body::full(
-                r#"{"error": "injected failure"}"#,
+            .body(BodyExt::boxed(
+                http_body_util::Full::new(Bytes::from_static(br#"{"error": "injected failure"}"#))
+                    .map_err(|never| match never {}),
             ))
             .unwrap();
         return Ok(resp);
     }
-    let (tx, rx) =
-        tokio::sync::mpsc::channel::<Result<Frame<Bytes>, agentrace::http_body::BoxError>>(4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
     tokio::spawn(async move {
         let send = |b: Bytes| {
             let tx = tx.clone();
@@ -285,8 +288,8 @@ async fn handle(
 }
 
 fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, agentrace::http_body::BoxError>>,
-) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, agentrace::http_body::BoxError>> {
+    mut rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, BoxError>> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 

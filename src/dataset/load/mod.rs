@@ -26,7 +26,7 @@ pub(crate) use conversation::truthy;
 pub struct LoadOptions {
     /// Stop collecting validation errors after this many (the count of the rest is reported).
     pub max_errors: usize,
-    /// A line longer than this many bytes stops the load at once (see [`super::lines`]).
+    /// A line longer than this many bytes stops the load at once (see [`DEFAULT_MAX_LINE_BYTES`](super::DEFAULT_MAX_LINE_BYTES)).
     pub max_line_bytes: usize,
 }
 
@@ -222,7 +222,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Dataset, DatasetError> {
 }
 
 /// Whether `path` names a zstd-compressed file.
-pub fn is_zstd(path: &Path) -> bool {
+pub(crate) fn is_zstd(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "zst")
 }
 

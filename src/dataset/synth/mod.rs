@@ -5,7 +5,7 @@
 //! for every distribution and its basis) with a longer context tail; workflow traces share one
 //! long system prompt (an intent catalogue) and one tool set, so most request tokens are a
 //! prefix shared across conversations. The generator draws from the crate's own
-//! [`Rng`] so the bytes depend only on the seed and this crate, never on a
+//! `Rng` so the bytes depend only on the seed and this crate, never on a
 //! dependency's sampling algorithms.
 //!
 //! `rows` is what a line holds, `coding` and `workflow` the two
@@ -31,13 +31,13 @@ use workflow::workflow_conversation;
 pub const STANDARD_SET_PATH: &str = "datasets/mlperf-agentic-990.jsonl.zst";
 
 /// The seed of the standard set.
-pub const DEFAULT_SEED: u64 = 990;
+pub(crate) const DEFAULT_SEED: u64 = 990;
 
 /// The zstd level of the standard set: zstd's default, fast to write and about 7× smaller.
-pub const ZSTD_LEVEL: i32 = 3;
+pub(crate) const ZSTD_LEVEL: i32 = 3;
 
 /// Bytes per estimated token: the estimate used throughout (`bytes / 4`).
-pub const BYTES_PER_TOKEN: usize = 4;
+pub(crate) const BYTES_PER_TOKEN: usize = 4;
 
 /// What to generate.
 #[derive(Debug, Clone)]

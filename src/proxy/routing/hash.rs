@@ -15,7 +15,7 @@ pub(crate) fn avalanche(mut h: u64) -> u64 {
 /// XXH3-64 of `bytes` with `seed` (xxHash 0.8, as `XXH3_64bits_withSeed`): stable across builds
 /// and machines, so every replica places a key identically. Not for adversarial input.
 #[inline]
-pub fn hash64(seed: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn hash64(seed: u64, bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed)
 }
 
@@ -23,7 +23,7 @@ pub fn hash64(seed: u64, bytes: &[u8]) -> u64 {
 /// from the top 53 bits of `avalanche(key_hash ^ backend_seed)`, the form that gives each
 /// backend a share proportional to its weight.
 #[inline]
-pub fn rendezvous_score(key_hash: u64, backend_seed: u64, weight: f64) -> f64 {
+pub(crate) fn rendezvous_score(key_hash: u64, backend_seed: u64, weight: f64) -> f64 {
     let h = avalanche(key_hash ^ backend_seed);
     let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     -weight / u.ln()

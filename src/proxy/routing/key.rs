@@ -10,7 +10,7 @@ use crate::tap::KeySource;
 
 /// A request's session key with its precomputed hash.
 #[derive(Debug, Clone)]
-pub struct SessionKey {
+pub(crate) struct SessionKey {
     /// The key as shown in the admin API (a header value, or `fp:` + 16 hex digits).
     pub text: String,
     /// `hash64(0, text)`: the input of every rendezvous score.
@@ -23,7 +23,7 @@ pub struct SessionKey {
 
 /// What a request tells the router about its place in the conversation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Turn {
+pub(crate) struct Turn {
     /// Body bytes: the context the backend will hold for the session after this turn, in the
     /// unit the router balances (about four bytes a token for chat JSON).
     pub context_bytes: u64,
@@ -34,12 +34,12 @@ pub struct Turn {
 
 impl Turn {
     /// The turn a request body carries.
-    pub fn of_body(body: &[u8]) -> Self {
+    pub(crate) fn of_body(body: &[u8]) -> Self {
         Self::of_parts([body])
     }
 
     /// The turn a body held in parts carries, read without joining the parts.
-    pub fn of_parts<'p>(parts: impl IntoIterator<Item = &'p [u8]>) -> Self {
+    pub(crate) fn of_parts<'p>(parts: impl IntoIterator<Item = &'p [u8]>) -> Self {
         let mut scan = TurnScan::default();
         parts.into_iter().for_each(|part| scan.feed(part));
         scan.turn()
@@ -49,7 +49,7 @@ impl Turn {
 /// Reads the turn of a body from its bytes in pieces of any size, as they arrive: a large
 /// body is read once while it is received rather than in one long pass once it is whole.
 #[derive(Debug, Clone, Default)]
-pub struct TurnScan {
+pub(crate) struct TurnScan {
     turn: Turn,
     /// The last bytes before the next piece, so a needle cut across pieces is found.
     seam: Vec<u8>,
@@ -61,7 +61,7 @@ impl TurnScan {
     const KEEP: usize = Self::NEEDLE.len() - 1;
 
     /// Reads the next bytes of the body.
-    pub fn feed(&mut self, part: &[u8]) {
+    pub(crate) fn feed(&mut self, part: &[u8]) {
         self.turn.context_bytes += part.len() as u64;
         if self.turn.continues {
             return;
@@ -84,7 +84,7 @@ impl TurnScan {
     }
 
     /// The turn of the bytes read so far.
-    pub fn turn(&self) -> Turn {
+    pub(crate) fn turn(&self) -> Turn {
         self.turn
     }
 }
@@ -100,7 +100,7 @@ impl Eq for SessionKey {}
 
 impl SessionKey {
     /// A key from its text (hash computed here), for a first turn of unknown size.
-    pub fn new(text: String, source: KeySource) -> Self {
+    pub(crate) fn new(text: String, source: KeySource) -> Self {
         let hash = hash64(0, text.as_bytes());
         Self {
             text,
@@ -111,7 +111,7 @@ impl SessionKey {
     }
 
     /// The same key carrying `turn`.
-    pub fn with_turn(mut self, turn: Turn) -> Self {
+    pub(crate) fn with_turn(mut self, turn: Turn) -> Self {
         self.turn = turn;
         self
     }
@@ -135,7 +135,7 @@ struct ChatMessage<'a> {
 
 /// The session key of a request: the first configured header present and non-empty, else
 /// (when enabled) the conversation fingerprint of a `POST …/chat/completions` body.
-pub fn session_key(
+pub(crate) fn session_key(
     headers: &impl Fields,
     names: &[HeaderName],
     fingerprint: bool,
@@ -152,7 +152,11 @@ pub fn session_key(
 }
 
 /// The key from the first of `names` present and non-empty in `headers`.
-pub fn header_key(headers: &impl Fields, names: &[HeaderName], turn: Turn) -> Option<SessionKey> {
+pub(crate) fn header_key(
+    headers: &impl Fields,
+    names: &[HeaderName],
+    turn: Turn,
+) -> Option<SessionKey> {
     names.iter().find_map(|name| {
         let bytes = headers.first(name.as_str()).filter(|b| !b.is_empty())?;
         let text = String::from_utf8_lossy(bytes).into_owned();
@@ -161,12 +165,12 @@ pub fn header_key(headers: &impl Fields, names: &[HeaderName], turn: Turn) -> Op
 }
 
 /// Whether a request without a header key is keyed by its body's conversation fingerprint.
-pub fn fingerprint_applies(fingerprint: bool, method: &Method, path: &str) -> bool {
+pub(crate) fn fingerprint_applies(fingerprint: bool, method: &Method, path: &str) -> bool {
     fingerprint && method == Method::POST && path.ends_with("/chat/completions")
 }
 
 /// The key from a chat body's conversation fingerprint, if it has one.
-pub fn fingerprint_key(body: &[u8], turn: Turn) -> Option<SessionKey> {
+pub(crate) fn fingerprint_key(body: &[u8], turn: Turn) -> Option<SessionKey> {
     conversation_fingerprint(body)
         .map(|fp| SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint).with_turn(turn))
 }
@@ -174,7 +178,7 @@ pub fn fingerprint_key(body: &[u8], turn: Turn) -> Option<SessionKey> {
 /// Hash of the model, the first system message and the first user message of a chat body:
 /// the part of a conversation that every later turn repeats verbatim. Contents are hashed as
 /// raw JSON text, so a client must serialise them the same way on every turn (they do).
-pub fn conversation_fingerprint(body: &[u8]) -> Option<u64> {
+pub(crate) fn conversation_fingerprint(body: &[u8]) -> Option<u64> {
     let head: ChatHead<'_> = serde_json::from_slice(body).ok()?;
     let mut system = None;
     let mut user = None;

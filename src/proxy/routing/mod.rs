@@ -38,30 +38,29 @@ use serde::Serialize;
 use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
 use super::metrics::BackendMetrics;
 
-pub use hash::{hash64, rendezvous_score};
-pub use key::{
-    conversation_fingerprint, fingerprint_applies, fingerprint_key, header_key, session_key,
-    SessionKey, Turn, TurnScan,
+pub(crate) use hash::{hash64, rendezvous_score};
+pub(crate) use key::{
+    fingerprint_applies, fingerprint_key, header_key, session_key, SessionKey, Turn, TurnScan,
 };
-pub use table::{Known, SessionId, SessionTable, SessionView};
-pub use usage::{CacheUsage, UsageScan};
+pub(crate) use table::{SessionId, SessionTable};
+pub(crate) use usage::UsageScan;
 
 // ---------------------------------------------------------------------------------------------
 // Backends and the pool
 
 /// Counts a request in flight on a backend until dropped (its response finished or was
 /// abandoned): what bounded load and the per-backend gauge read.
-pub struct InFlight(Arc<Backend>);
+pub(crate) struct InFlight(Arc<Backend>);
 
 impl InFlight {
     /// Counts one more request on `backend`.
-    pub fn new(backend: Arc<Backend>) -> Self {
+    pub(crate) fn new(backend: Arc<Backend>) -> Self {
         backend.in_flight.fetch_add(1, Ordering::Relaxed);
         Self(backend)
     }
 
     /// The backend the request is counted on.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.0
     }
 }
@@ -74,7 +73,7 @@ impl Drop for InFlight {
 
 /// One backend with its live state; shared by the router, the forwarding path and health checks.
 #[derive(Debug)]
-pub struct Backend {
+pub(crate) struct Backend {
     /// Configured name (seeds the rendezvous hash).
     pub name: Arc<str>,
     /// The name as the `X-Agentrace-Backend` response header carries it (none if not ASCII).
@@ -106,7 +105,7 @@ pub struct Backend {
 
 /// Consecutive probe and response outcomes, for hysteresis.
 #[derive(Debug, Default)]
-pub struct HealthCounters {
+pub(crate) struct HealthCounters {
     /// Failed probes in a row.
     pub probe_failures: u32,
     /// Good probes in a row.
@@ -117,7 +116,7 @@ pub struct HealthCounters {
 
 impl Backend {
     /// A healthy, undrained backend.
-    pub fn new(name: &str, url: BackendUrl, weight: f64, metrics: BackendMetrics) -> Self {
+    pub(crate) fn new(name: &str, url: BackendUrl, weight: f64, metrics: BackendMetrics) -> Self {
         Self {
             name: Arc::from(name),
             name_header: http::HeaderValue::from_str(name).ok(),
@@ -136,7 +135,7 @@ impl Backend {
     }
 
     /// Healthy and not draining: may take new sessions.
-    pub fn takes_new(&self) -> bool {
+    pub(crate) fn takes_new(&self) -> bool {
         self.healthy.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 
@@ -160,7 +159,7 @@ impl Backend {
 
 /// Affinity settings in the form the hot path uses.
 #[derive(Debug, Clone)]
-pub struct AffinitySettings {
+pub(crate) struct AffinitySettings {
     /// Placement policy.
     pub policy: Policy,
     /// Session headers, parsed.
@@ -182,7 +181,7 @@ pub struct AffinitySettings {
 
 impl AffinitySettings {
     /// From a validated config section.
-    pub fn from_config(c: &AffinityConfig) -> Self {
+    pub(crate) fn from_config(c: &AffinityConfig) -> Self {
         Self {
             policy: c.policy,
             headers: c
@@ -201,7 +200,7 @@ impl AffinitySettings {
 
 /// An immutable snapshot of the backends and affinity settings; a reload swaps in a new one.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     /// The backends in configured order.
     pub backends: Vec<Arc<Backend>>,
     /// How to place requests.
@@ -212,7 +211,7 @@ pub struct Pool {
 
 impl Pool {
     /// The backend with this name.
-    pub fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
+    pub(crate) fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
         self.backends.iter().find(|b| &*b.name == name)
     }
 
@@ -221,7 +220,7 @@ impl Pool {
     }
 
     /// The first entry of [`Pool::ranking`], without ranking the rest.
-    pub fn first_choice(&self, key_hash: u64) -> usize {
+    pub(crate) fn first_choice(&self, key_hash: u64) -> usize {
         let mut best: Option<(f64, usize)> = None;
         for (i, b) in self.backends.iter().enumerate() {
             let score = rendezvous_score(key_hash, b.seed, b.weight);
@@ -239,7 +238,7 @@ impl Pool {
     }
 
     /// Backend indices by descending rendezvous score for `key_hash`.
-    pub fn ranking(&self, key_hash: u64) -> Vec<usize> {
+    pub(crate) fn ranking(&self, key_hash: u64) -> Vec<usize> {
         let mut scored: Vec<(f64, usize)> = self
             .backends
             .iter()
@@ -260,7 +259,7 @@ impl Pool {
 /// Why a request went where it went (the `outcome` label of the decision counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The session's first rendezvous choice.
     Hash,
     /// The session table kept the session where an earlier spill or failover put it.
@@ -283,7 +282,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Hash => "hash",
             Outcome::Bound => "bound",
@@ -299,7 +298,7 @@ impl Outcome {
 
 /// Where one request goes.
 #[derive(Debug, Clone)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Index into the pool's backends.
     pub index: usize,
     /// Why.
@@ -309,7 +308,7 @@ pub struct Decision {
 }
 
 /// The router: the current pool, the session table and the round-robin cursor.
-pub struct Router {
+pub(crate) struct Router {
     pool: RwLock<Arc<Pool>>,
     /// Remembered sessions.
     pub sessions: SessionTable,
@@ -318,7 +317,7 @@ pub struct Router {
 
 impl Router {
     /// A router over `pool` with a session table bounded by `max_sessions` and `ttl`.
-    pub fn new(pool: Pool, max_sessions: usize, ttl: Duration) -> Self {
+    pub(crate) fn new(pool: Pool, max_sessions: usize, ttl: Duration) -> Self {
         Self {
             pool: RwLock::new(Arc::new(pool)),
             sessions: SessionTable::new(max_sessions, ttl),
@@ -327,18 +326,18 @@ impl Router {
     }
 
     /// The current pool snapshot (a refcount bump).
-    pub fn pool(&self) -> Arc<Pool> {
+    pub(crate) fn pool(&self) -> Arc<Pool> {
         self.pool.read().clone()
     }
 
     /// Swaps in a new pool (reload); requests already routed keep their snapshot.
-    pub fn replace_pool(&self, pool: Pool) {
+    pub(crate) fn replace_pool(&self, pool: Pool) {
         *self.pool.write() = Arc::new(pool);
     }
 
     /// Chooses a backend for a request; `tried` lists backends that already failed for it.
     /// With `commit`, the session table learns the placement.
-    pub fn route(
+    pub(crate) fn route(
         &self,
         pool: &Pool,
         key: Option<&SessionKey>,

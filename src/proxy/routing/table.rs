@@ -31,7 +31,7 @@ fn shard_index(id: SessionId, n: usize) -> usize {
 /// random key of the table's own, which no client can compute, so no client can make its key
 /// collide with another session's to move or take over that session's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SessionId {
+pub(crate) struct SessionId {
     /// `SessionKey::hash`.
     pub(super) hash: u64,
     /// The keyed hash; also picks the shard, so no client can crowd one shard either.
@@ -59,7 +59,7 @@ struct Entry {
 
 /// Where a known session is.
 #[derive(Debug, Clone)]
-pub struct Known {
+pub(crate) struct Known {
     /// The backend the table places it on.
     pub backend: Arc<Backend>,
     /// The placement overrides the plain hash.
@@ -82,7 +82,7 @@ struct Shard {
 
 /// A session as shown by `GET /admin/sessions/{key}`.
 #[derive(Debug, Clone, Serialize)]
-pub struct SessionView {
+pub(crate) struct SessionView {
     /// Backend the table places the session on.
     pub backend: String,
     /// True when that placement overrides the plain hash (a binding).
@@ -97,7 +97,7 @@ pub struct SessionView {
 /// refreshes its entry; entries that override the hash ("bound") are what make a spilled or
 /// failed-over session stick. Bounded by an idle TTL and an LRU size limit; each entry has
 /// the same size, as keys are kept as a [`SessionId`].
-pub struct SessionTable {
+pub(crate) struct SessionTable {
     /// Always [`SHARDS`] of them; keys spread over the first `in_use`.
     shards: Vec<Mutex<Shard>>,
     /// The random key of [`SessionId::tag`], drawn when the table is made.
@@ -123,7 +123,7 @@ fn shards_for(max_sessions: usize) -> usize {
 
 impl SessionTable {
     /// An empty table.
-    pub fn new(max_sessions: usize, ttl: Duration) -> Self {
+    pub(crate) fn new(max_sessions: usize, ttl: Duration) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             tag_key: std::hash::RandomState::new(),
@@ -139,7 +139,7 @@ impl SessionTable {
     /// how many shards are used, every entry moves to its new shard, and entries over the
     /// limit are evicted least recently used first, so the counts stay true. A new TTL takes
     /// effect as entries are touched or swept.
-    pub fn set_limits(&self, max_sessions: usize, ttl: Duration) {
+    pub(crate) fn set_limits(&self, max_sessions: usize, ttl: Duration) {
         self.ttl_ms.store(ttl.as_millis() as u64, Ordering::Relaxed);
         // In index order, as nothing else ever holds two shard locks.
         let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
@@ -180,7 +180,7 @@ impl SessionTable {
 
     /// How the table names the session of `key`: what [`SessionTable::get`] and
     /// [`SessionTable::put`] take, computed once per request.
-    pub fn id(&self, key: &SessionKey) -> SessionId {
+    pub(crate) fn id(&self, key: &SessionKey) -> SessionId {
         SessionId {
             hash: key.hash,
             tag: self.tag_key.hash_one(key.text.as_bytes()),
@@ -204,7 +204,7 @@ impl SessionTable {
     }
 
     /// Where the session is, unless unknown or idle past the TTL.
-    pub fn get(&self, id: SessionId) -> Option<Known> {
+    pub(crate) fn get(&self, id: SessionId) -> Option<Known> {
         let (mut shard, _) = self.lock(id);
         let entry = shard.map.get(&id)?;
         if entry.last_used.elapsed() > self.ttl() {
@@ -224,7 +224,7 @@ impl SessionTable {
     /// `lost_share` of the previous turn's prompt tokens served from cache marks it lost (for
     /// the next turn to move), while the first turn on a backend only sets the expectation.
     /// Usage from a backend the session has since left is ignored.
-    pub fn report_cache(
+    pub(crate) fn report_cache(
         &self,
         id: SessionId,
         backend: &Arc<Backend>,
@@ -245,7 +245,7 @@ impl SessionTable {
     }
 
     /// A read-only view for the admin API.
-    pub fn view(&self, id: SessionId) -> Option<SessionView> {
+    pub(crate) fn view(&self, id: SessionId) -> Option<SessionView> {
         let (shard, _) = self.lock(id);
         let e = shard.map.get(&id)?;
         let idle = e.last_used.elapsed();
@@ -258,13 +258,13 @@ impl SessionTable {
     }
 
     /// How long after its last request a session still counts in its backend's active context.
-    pub fn set_active_window(&self, window: Duration) {
+    pub(crate) fn set_active_window(&self, window: Duration) {
         self.active_ms
             .store(window.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Records a placement of a request of `bytes` and refreshes the session's last use.
-    pub fn put(
+    pub(crate) fn put(
         &self,
         id: SessionId,
         backend: &Arc<Backend>,
@@ -379,7 +379,7 @@ impl SessionTable {
     }
 
     /// Drops every session idle past the TTL (run periodically so counts stay true).
-    pub fn sweep(&self) {
+    pub(crate) fn sweep(&self) {
         let ttl = self.ttl();
         let now = Instant::now();
         for shard in &self.shards {
@@ -395,17 +395,12 @@ impl SessionTable {
     }
 
     /// Sessions remembered.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 
-    /// True when no session is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Sessions whose placement overrides the plain hash.
-    pub fn bound(&self) -> u64 {
+    pub(crate) fn bound(&self) -> u64 {
         self.bound.load(Ordering::Relaxed).max(0) as u64
     }
 }

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use http::Method;
 use tokio::time::Instant;
 
+use super::usage::CacheUsage;
 use super::*;
 use crate::http1::WireFields;
 use crate::proxy::metrics::ProxyMetrics;

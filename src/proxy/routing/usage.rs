@@ -13,7 +13,7 @@ const SEAM: usize = 48;
 
 /// What a backend said of one request's prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CacheUsage {
+pub(crate) struct CacheUsage {
     /// `usage.prompt_tokens`.
     pub prompt_tokens: u64,
     /// `usage.prompt_tokens_details.cached_tokens` (0 when the backend reported none).
@@ -23,7 +23,7 @@ pub struct CacheUsage {
 /// Finds the last `"prompt_tokens"` and `"cached_tokens"` values in a response body read frame
 /// by frame, without keeping the body: a few dozen bytes of the previous frame at most.
 #[derive(Debug, Default)]
-pub struct UsageScan {
+pub(crate) struct UsageScan {
     seam: Vec<u8>,
     prompt: Option<u64>,
     cached: Option<u64>,
@@ -34,7 +34,7 @@ const CACHED_KEY: &[u8] = b"\"cached_tokens\"";
 
 impl UsageScan {
     /// Reads one more body frame.
-    pub fn feed(&mut self, frame: &[u8]) {
+    pub(crate) fn feed(&mut self, frame: &[u8]) {
         if frame.is_empty() {
             return;
         }
@@ -56,7 +56,7 @@ impl UsageScan {
     }
 
     /// The usage the body reported, once it has a prompt size.
-    pub fn usage(&self) -> Option<CacheUsage> {
+    pub(crate) fn usage(&self) -> Option<CacheUsage> {
         Some(CacheUsage {
             prompt_tokens: self.prompt?,
             cached_tokens: self.cached.unwrap_or(0),

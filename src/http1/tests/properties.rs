@@ -8,7 +8,7 @@
 //! same head or the same error), so a fault is never found or missed depending on where a read
 //! ended. And no input, valid, mutated or arbitrary, makes any of them panic.
 
-use agentrace::http1::{self as h1, BodyDecoder, Decoded, Framing, H1Error};
+use crate::http1::{self as h1, BodyDecoder, Decoded, Framing, H1Error};
 use bytes::BytesMut;
 use proptest::collection::vec;
 use proptest::prelude::*;

@@ -11,7 +11,7 @@
 //! are each bounded in all (16 KiB, as hyper bounds them), however they are split into chunks
 //! and lines.
 
-use agentrace::http1::{self as h1, BodyDecoder, Decoded, Framing, H1Error};
+use crate::http1::{self as h1, BodyDecoder, Decoded, Framing, H1Error};
 use bytes::BytesMut;
 
 /// What parsing a request head must give: its body framing, or the status it is refused with.
@@ -627,7 +627,10 @@ fn chunk_extensions_and_trailers_are_bounded_per_body() {
     };
     // 16 KiB with every CRLF and the final one: the limit exactly.
     let at_limit = trailers_of(16, 1024).replacen("v", "", 2);
-    assert_eq!(at_limit.len() - "1\r\na\r\n0\r\n".len(), h1::MAX_TRAILERS);
+    assert_eq!(
+        at_limit.len() - "1\r\na\r\n0\r\n".len(),
+        crate::http1::limits::MAX_TRAILERS
+    );
     assert_eq!(decode_chunked(at_limit.as_bytes()).0.unwrap(), b"a");
     let many_small = trailers_of(2048, 16);
     let e = decode_chunked(many_small.as_bytes()).0.unwrap_err();
@@ -659,7 +662,7 @@ fn endless_trailers_are_refused_within_the_limit() {
         }
     };
     assert!(
-        fed <= h1::MAX_TRAILERS + line.len(),
+        fed <= crate::http1::limits::MAX_TRAILERS + line.len(),
         "refused after {fed} bytes"
     );
     assert!(refused.to_string().contains("trailers"), "{refused}");
