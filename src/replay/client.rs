@@ -19,6 +19,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use http::{HeaderName, HeaderValue, Method};
+
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
 use crate::remote::{self, ServerUrl, TlsConfigError, Trust, UrlError};
 
@@ -171,6 +173,42 @@ impl Connector {
         out
     }
 
+    /// Request bytes for any method, path and fields (the open-loop replay of captured
+    /// requests): `path` is appended to the target's base path; `Host` and `Content-Length`
+    /// are the connector's own, so `fields` must carry neither.
+    pub(crate) fn request_bytes_as(
+        &self,
+        method: &Method,
+        path: &str,
+        fields: &[(String, String)],
+        body: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let host = HeaderValue::from_str(&self.target.host_header()).map_err(|_| {
+            format!(
+                "host {:?}: not a valid Host value",
+                self.target.host_header()
+            )
+        })?;
+        for (name, value) in fields {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("header {name:?}: not a valid field name"))?;
+            HeaderValue::from_str(value)
+                .map_err(|_| format!("header {name:?}: not a valid field value"))?;
+        }
+        let bodyless = body.is_empty() && matches!(*method, Method::GET | Method::HEAD);
+        let mut out = Vec::with_capacity(256 + body.len());
+        http1::put_request_head(
+            &mut out,
+            method,
+            &[&self.target.server.path, path],
+            &host,
+            fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())),
+            (!bodyless).then_some(body.len() as u64),
+        );
+        out.extend_from_slice(body);
+        Ok(out)
+    }
+
     /// Opens a new connection.
     pub async fn connect(&self) -> Result<TargetConnection, ClientError> {
         let server = &self.target.server;
@@ -276,6 +314,17 @@ impl TargetConnection {
         request: &[u8],
         issued: &mut Option<Instant>,
     ) -> Result<Response, ClientError> {
+        self.exchange_as(request, false, issued).await
+    }
+
+    /// [`exchange`](Self::exchange) for a request that may be `HEAD`, whose response has a
+    /// head only, whatever its `Content-Length` says.
+    pub(crate) async fn exchange_as(
+        &mut self,
+        request: &[u8],
+        head_request: bool,
+        issued: &mut Option<Instant>,
+    ) -> Result<Response, ClientError> {
         self.buf.clear();
         *issued = Some(Instant::now());
         // On a kept-alive connection, a reset or an end of stream before any response byte
@@ -296,7 +345,10 @@ impl TargetConnection {
             .map_err(closed_while_idle)?;
         self.io.flush().await.map_err(closed_while_idle)?;
 
-        let mut reader = ResponseReader::default();
+        let mut reader = ResponseReader {
+            head_request,
+            ..ResponseReader::default()
+        };
         let mut first_byte = None;
         let mut received = 0usize;
         loop {
@@ -357,6 +409,8 @@ enum Stage {
 /// then the SSE line scan over the decoded body.
 #[derive(Debug, Default)]
 struct ResponseReader {
+    /// The request was `HEAD`: the response has no body.
+    head_request: bool,
     stage: Stage,
     status: u16,
     content_type: Option<String>,
@@ -383,7 +437,7 @@ impl ResponseReader {
         loop {
             match &mut self.stage {
                 Stage::Head => {
-                    let Some(head) = http1::parse_response(buf, false)? else {
+                    let Some(head) = http1::parse_response(buf, self.head_request)? else {
                         return if eof {
                             Err(ClientError::Truncated)
                         } else {
@@ -504,6 +558,50 @@ mod tests {
                 "split at {split}"
             );
         }
+    }
+
+    #[test]
+    fn a_captured_request_reads_back_through_the_codec_under_the_target_base_path() {
+        let target = Target::parse("http://127.0.0.1:8080/base/").unwrap();
+        let c = Connector::new(target, None, Duration::from_secs(1), 1 << 20).unwrap();
+        let fields = [("x-session-id".to_string(), "s1".to_string())];
+        let bytes = c
+            .request_bytes_as(&Method::PUT, "/v1/x?q=1", &fields, b"{}")
+            .unwrap();
+        let mut buf = BytesMut::from(&bytes[..]);
+        let head = http1::parse_request(&mut buf).unwrap().unwrap();
+        assert_eq!(head.method, Method::PUT);
+        assert_eq!(head.uri, "/base/v1/x?q=1");
+        assert_eq!(head.headers.first("host"), Some(&b"127.0.0.1:8080"[..]));
+        assert_eq!(head.headers.first("x-session-id"), Some(&b"s1"[..]));
+        assert_eq!(head.framing, http1::Framing::Length(2));
+        assert_eq!(&buf[..], b"{}", "the body follows the head");
+
+        let get = c.request_bytes_as(&Method::GET, "/", &[], b"").unwrap();
+        let head = http1::parse_request(&mut BytesMut::from(&get[..]))
+            .unwrap()
+            .unwrap();
+        assert!(
+            head.headers.first("content-length").is_none(),
+            "a bodyless GET says no length"
+        );
+
+        let bad = [("bad name".to_string(), "v".to_string())];
+        let err = c
+            .request_bytes_as(&Method::GET, "/", &bad, b"")
+            .unwrap_err();
+        assert!(err.contains("\"bad name\""), "{err}");
+    }
+
+    #[test]
+    fn a_head_response_ends_at_its_head_whatever_its_length_says() {
+        let mut r = ResponseReader {
+            head_request: true,
+            ..ResponseReader::default()
+        };
+        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"[..]);
+        assert!(r.feed(&mut buf, Instant::now(), false).unwrap());
+        assert!(r.body.is_empty() && r.keep_alive);
     }
 
     #[test]

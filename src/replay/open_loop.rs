@@ -3,21 +3,24 @@
 //! anchor, whatever the responses do; how late each send was is reported.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http::Method;
+use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::{Duration, Instant};
 
 use crate::capture::reader;
 use crate::capture::CaptureError;
+use crate::replay::client::{ClientError, Connector, Response, Target, TargetConnection};
+use crate::replay::config::DEFAULT_MAX_RESPONSE_BYTES;
 use crate::shutdown::Shutdown;
 
 /// What to replay, where, and how fast.
 #[derive(Debug, Clone)]
 pub struct OpenLoopOptions {
-    /// Base URL of the endpoint (`http://host:port`, optional path prefix); each request's
-    /// recorded path and query is appended.
+    /// Base URL of the endpoint (`http://host:port` or `https://…`, optional path prefix);
+    /// each request's recorded path and query is appended.
     pub target: String,
     /// The capture directories (several replicas' captures are merged by start time).
     pub captures: Vec<PathBuf>,
@@ -57,7 +60,7 @@ pub struct RequestOutcome {
     pub lag_ms: f64,
     /// Response status; absent when the request failed or was interrupted.
     pub status: Option<u16>,
-    /// Dispatch to response head (ms).
+    /// Dispatch to the first response byte (ms).
     pub ttfb_ms: Option<f64>,
     /// Dispatch to last response byte (ms).
     pub latency_ms: Option<f64>,
@@ -122,13 +125,70 @@ struct Planned {
     id: u64,
     session: Option<String>,
     due: Duration,
-    request: http::Request<Full<Bytes>>,
+    method: Method,
+    path: String,
+    /// The request's bytes as sent: head and body.
+    request: Vec<u8>,
 }
 
-type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    Full<Bytes>,
->;
+/// Connections kept alive between sends: at most this many, each idle at most `IDLE_FOR`.
+const MAX_IDLE: usize = 64;
+const IDLE_FOR: Duration = Duration::from_secs(4);
+/// Opening a connection to the target may take this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Kept-alive connections to the target, shared by the send tasks.
+#[derive(Default)]
+struct IdleConnections(Mutex<Vec<TargetConnection>>);
+
+impl IdleConnections {
+    /// An idle connection the server has not closed, if any.
+    fn take(&self) -> Option<TargetConnection> {
+        let mut idle = self.0.lock();
+        while let Some(mut conn) = idle.pop() {
+            if !conn.is_stale(IDLE_FOR) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put(&self, conn: TargetConnection) {
+        let mut idle = self.0.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+}
+
+/// Sends one request on a kept-alive connection or a new one; a kept-alive connection the
+/// server had closed before reading the request is replaced, as the request was not taken.
+async fn send(
+    connector: &Connector,
+    idle: &IdleConnections,
+    request: &[u8],
+    head_request: bool,
+) -> Result<Response, ClientError> {
+    loop {
+        let kept = idle.take();
+        let reused = kept.is_some();
+        let mut conn = match kept {
+            Some(conn) => conn,
+            None => connector.connect().await?,
+        };
+        let mut issued = None;
+        match conn.exchange_as(request, head_request, &mut issued).await {
+            Err(ClientError::ClosedWhileIdle) if reused => continue,
+            Err(e) => return Err(e),
+            Ok(response) => {
+                if response.reusable {
+                    idle.put(conn);
+                }
+                return Ok(response);
+            }
+        }
+    }
+}
 
 /// Replays the capture open-loop and writes `open-loop-report.json` into `out_dir`.
 pub async fn run(
@@ -141,13 +201,15 @@ pub async fn run(
             opts.speed
         )));
     }
-    let base = opts.target.trim_end_matches('/').to_owned();
-    if !base.starts_with("http://") {
-        return Err(CaptureError::Invalid(format!(
-            "target: open-loop replay supports http:// endpoints, got {:?}",
-            opts.target
-        )));
-    }
+    let target =
+        Target::parse(&opts.target).map_err(|e| CaptureError::Invalid(format!("target: {e}")))?;
+    let connector = Connector::new(
+        target,
+        None,
+        CONNECT_TIMEOUT,
+        DEFAULT_MAX_RESPONSE_BYTES as usize,
+    )
+    .map_err(|e| CaptureError::Invalid(format!("target: {e}")))?;
     let dir = opts.captures.clone();
     let capture = tokio::task::spawn_blocking(move || crate::capture::merge::read_all(&dir))
         .await
@@ -170,45 +232,47 @@ pub async fn run(
     let mut plan = Vec::with_capacity(exchanges.len());
     for e in exchanges {
         let r = &e.record;
-        let mut req = http::Request::builder()
-            .method(r.method.as_str())
-            .uri(format!("{base}{}", r.path));
-        for (k, v) in &r.request.headers {
-            if replayable(k, v) {
-                req = req.header(k.as_str(), v.as_str());
-            }
-        }
-        let body = Bytes::from(e.request_body.unwrap_or_default());
-        let request = req.body(Full::new(body)).map_err(|err| {
+        let cannot = |why: String| {
             CaptureError::Invalid(format!(
-                "exchange {}: cannot rebuild the request: {err}",
+                "exchange {}: cannot rebuild the request: {why}",
                 r.id
             ))
-        })?;
+        };
+        let method = Method::from_bytes(r.method.as_bytes())
+            .map_err(|_| cannot(format!("method {:?}", r.method)))?;
+        if !r.path.starts_with('/') {
+            return Err(cannot(format!("path {:?} is not origin-form", r.path)));
+        }
+        let fields: Vec<(String, String)> = r
+            .request
+            .headers
+            .iter()
+            .filter(|(k, v)| replayable(k, v))
+            .cloned()
+            .collect();
+        let body = e.request_body.unwrap_or_default();
+        let request = connector
+            .request_bytes_as(&method, &r.path, &fields, &body)
+            .map_err(cannot)?;
         let offset_ns = (r.start_unix_ns - t0) as f64 / opts.speed;
         plan.push(Planned {
             id: r.id,
             session: r.session.clone(),
             due: Duration::from_nanos(offset_ns as u64),
+            method,
+            path: r.path.clone(),
             request,
         });
     }
 
-    let client: Client =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(4))
-            .build_http();
+    let idle = Arc::new(IdleConnections::default());
     let mut outcomes: Vec<RequestOutcome> = plan
         .iter()
         .map(|p| RequestOutcome {
             id: p.id,
             session: p.session.clone(),
-            method: p.request.method().to_string(),
-            path: p
-                .request
-                .uri()
-                .path_and_query()
-                .map_or(String::new(), |x| x.to_string()),
+            method: p.method.to_string(),
+            path: p.path.clone(),
             due_ms: p.due.as_secs_f64() * 1e3,
             lag_ms: 0.0,
             status: None,
@@ -237,29 +301,17 @@ pub async fn run(
         outcome.lag_ms = dispatched.saturating_duration_since(due).as_secs_f64() * 1e3;
         outcome.error = None;
         sent += 1;
-        let client = client.clone();
+        let (connector, idle) = (connector.clone(), idle.clone());
         tasks.spawn(async move {
-            match client.request(p.request).await {
+            let since = |t: Instant| t.saturating_duration_since(dispatched).as_secs_f64() * 1e3;
+            match send(&connector, &idle, &p.request, p.method == Method::HEAD).await {
                 Ok(resp) => {
-                    outcome.status = Some(resp.status().as_u16());
-                    outcome.ttfb_ms = Some(dispatched.elapsed().as_secs_f64() * 1e3);
-                    let mut body = resp.into_body();
-                    while let Some(frame) = body.frame().await {
-                        match frame {
-                            Ok(f) => {
-                                if let Some(d) = f.data_ref() {
-                                    outcome.response_bytes += d.len() as u64;
-                                }
-                            }
-                            Err(e) => {
-                                outcome.error = Some(format!("response body: {e}"));
-                                break;
-                            }
-                        }
-                    }
-                    outcome.latency_ms = Some(dispatched.elapsed().as_secs_f64() * 1e3);
+                    outcome.status = Some(resp.status);
+                    outcome.ttfb_ms = Some(since(resp.first_byte));
+                    outcome.latency_ms = Some(since(resp.last_byte));
+                    outcome.response_bytes = resp.body.len() as u64;
                 }
-                Err(e) => outcome.error = Some(crate::telemetry::error_chain(&e)),
+                Err(e) => outcome.error = Some(e.to_string()),
             }
             (i, outcome)
         });
