@@ -8,7 +8,8 @@
 //! endpoints are placed; a `410 Gone` leads to a new list; a malformed or oversized watch line
 //! is an error the watch recovers from by listing again; a changed `targetPorts` moves every
 //! endpoint; the config refuses `backends` beside a pool and plain http to a non-loopback API
-//! server, naming the field.
+//! server, naming the field; over https the picker trusts the CA file and sends the token
+//! file's bearer token.
 
 mod support;
 
@@ -47,12 +48,15 @@ struct State {
     pod_lists: usize,
     /// Request paths, in order.
     paths: Vec<String>,
+    /// Each request's `Authorization` value, in order.
+    authorizations: Vec<Option<String>>,
 }
 
 /// A real HTTP server playing the Kubernetes API for one pool and its pods.
 #[derive(Clone)]
 struct FakeApi {
     addr: SocketAddr,
+    tls: bool,
     state: Arc<Mutex<State>>,
 }
 
@@ -74,9 +78,15 @@ fn pod_object(name: &str, ip: &str, ready: bool, rv: u64) -> Value {
 
 impl FakeApi {
     async fn start() -> FakeApi {
+        FakeApi::start_with(None).await
+    }
+
+    /// Served over TLS with this acceptor when given one.
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> FakeApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = FakeApi {
             addr: listener.local_addr().unwrap(),
+            tls: tls.is_some(),
             state: Arc::new(Mutex::new(State {
                 rv: 10,
                 pool: pool_object(10, &[8000]),
@@ -87,6 +97,7 @@ impl FakeApi {
                 pool_watchers: Vec::new(),
                 pod_lists: 0,
                 paths: Vec::new(),
+                authorizations: Vec::new(),
             })),
         };
         let server = api.clone();
@@ -96,14 +107,24 @@ impl FakeApi {
                     return;
                 };
                 let api = server.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let api = api.clone();
                         async move { Ok::<_, Infallible>(api.answer(req)) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), service)
-                        .await;
+                    let http1 = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        None => {
+                            let _ = http1.serve_connection(TokioIo::new(tcp), service).await;
+                        }
+                        Some(tls) => {
+                            let Ok(tls) = tls.accept(tcp).await else {
+                                return;
+                            };
+                            let _ = http1.serve_connection(TokioIo::new(tls), service).await;
+                        }
+                    }
                 });
             }
         });
@@ -111,7 +132,12 @@ impl FakeApi {
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    fn authorizations(&self) -> Vec<Option<String>> {
+        self.state.lock().unwrap().authorizations.clone()
     }
 
     fn answer(&self, req: hyper::Request<Incoming>) -> hyper::Response<Body> {
@@ -126,6 +152,9 @@ impl FakeApi {
         };
         let mut s = self.state.lock().unwrap();
         s.paths.push(uri.to_string());
+        let authorization = req.headers().get("authorization");
+        s.authorizations
+            .push(authorization.map(|v| v.to_str().unwrap().to_string()));
         let pools = format!("/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools");
         let pods = format!("/api/v1/namespaces/{NS}/pods");
         let watch = param("watch").as_deref() == Some("true");
@@ -273,6 +302,16 @@ fn json_reply(status: u16, value: &Value) -> hyper::Response<Body> {
 
 /// A picker over the fake API's pool; no active health probes (the pod IPs are not real).
 async fn picker(api: &FakeApi, max_event_bytes: usize) -> TestEpp {
+    let files = ("/nonexistent/token".into(), "/nonexistent/ca.crt".into());
+    picker_with(api, max_event_bytes, files).await
+}
+
+/// [`picker`] reading the token and the CA from these files.
+async fn picker_with(
+    api: &FakeApi,
+    max_event_bytes: usize,
+    (token_file, ca_file): (std::path::PathBuf, std::path::PathBuf),
+) -> TestEpp {
     let mut config = ProxyConfig::default();
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.health = HealthConfig {
@@ -283,8 +322,8 @@ async fn picker(api: &FakeApi, max_event_bytes: usize) -> TestEpp {
         name: POOL.into(),
         namespace: Some(NS.into()),
         api_server: Some(api.url()),
-        token_file: "/nonexistent/token".into(),
-        ca_file: "/nonexistent/ca.crt".into(),
+        token_file,
+        ca_file,
         max_pods: 100,
         max_event_bytes,
     });
@@ -502,4 +541,34 @@ fn a_pool_with_static_backends_or_plain_http_to_a_remote_api_server_is_refused_n
     // A pool alone is a valid picker config, and not one the proxy can forward with.
     let config = ProxyConfig::from_toml_str(pool).unwrap();
     assert!(config.backends.is_empty());
+}
+
+#[tokio::test]
+async fn over_https_the_watch_trusts_the_ca_file_and_sends_the_token_files_token() {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let (cert_pem, key_pem) = (cert.cert.pem(), cert.key_pair.serialize_pem());
+    let dir = tempfile::tempdir().unwrap();
+    let (token_file, ca_file) = (dir.path().join("token"), dir.path().join("ca.crt"));
+    std::fs::write(&token_file, "t0ken-1\n").unwrap();
+    std::fs::write(&ca_file, &cert_pem).unwrap();
+    let tls = support::backends::tls_acceptor(&cert_pem, &key_pem, &[b"http/1.1"]);
+    let api = FakeApi::start_with(Some(tls)).await;
+    api.pod("m-0", "10.0.0.10", true);
+    let epp = picker_with(&api, 1024 * 1024, (token_file.clone(), ca_file)).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+
+    // The watch streams over TLS as over plain http.
+    api.pod("m-1", "10.0.0.11", true);
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.11:8000"]).await;
+    let seen = api.authorizations();
+    assert!(
+        seen.len() >= 3,
+        "the pool, a pod list and watches: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|a| a.as_deref() == Some("Bearer t0ken-1")),
+        "every request carries the token file's token: {seen:?}"
+    );
+    epp.stop().await;
 }

@@ -1,19 +1,20 @@
 //! A small Kubernetes API client for the pool watch: one HTTP/1.1 connection per request
-//! (hyper over rustls, verified with the service account's CA), a bearer token re-read at each
-//! request, JSON bodies read up to a bound, and watch streams split into one event per line.
+//! (the crate's codec over rustls, verified with the service account's CA), a bearer token
+//! re-read at each request, JSON bodies read up to a bound, and watch streams split into one
+//! event per line.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Method};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::http1::{self, BodyDecoder, Decoded, H1Error};
 use crate::remote::{self, ServerUrl, TlsConfigError, Trust};
 
 /// How long connecting (TCP and TLS) may take.
@@ -112,17 +113,13 @@ impl ApiClient {
     ) -> Result<T, KubeError> {
         let what = format!("GET {path}");
         let work = async {
-            let body = self.send(path, &what).await?;
+            let mut body = self.send(path, &what).await?;
             let mut bytes = Vec::new();
-            let mut body = body;
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| http_err(&what, e))?;
-                if let Ok(data) = frame.into_data() {
-                    if bytes.len() + data.len() > limit {
-                        return Err(KubeError::TooLong { what, limit });
-                    }
-                    bytes.extend_from_slice(&data);
+            while let Some(data) = body.data(&what).await? {
+                if bytes.len() + data.len() > limit {
+                    return Err(KubeError::TooLong { what, limit });
                 }
+                bytes.extend_from_slice(&data);
             }
             serde_json::from_slice(&bytes).map_err(|e| KubeError::Json {
                 what: what.clone(),
@@ -157,7 +154,7 @@ impl ApiClient {
 
     /// Sends a GET and returns the body of a 2xx answer; other statuses are errors carrying
     /// the API server's message.
-    async fn send(&self, path: &str, what: &str) -> Result<Incoming, KubeError> {
+    async fn send(&self, path: &str, what: &str) -> Result<ApiBody, KubeError> {
         let token = self.token()?;
         let server = self.server.to_string();
         let connect_err = |reason: String| KubeError::Connect {
@@ -172,46 +169,43 @@ impl ApiClient {
         .map_err(|_| connect_err(format!("timed out after {CONNECT_TIMEOUT:?}")))?
         .map_err(|e| connect_err(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let mut sender = match &self.tls {
-            Some((connector, name)) => {
-                let tls =
-                    tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
-                        .await
-                        .map_err(|_| {
-                            connect_err(format!("TLS timed out after {CONNECT_TIMEOUT:?}"))
-                        })?
-                        .map_err(|e| connect_err(format!("TLS: {e}")))?;
-                handshake(TokioIo::new(tls), what).await?
-            }
-            None => handshake(TokioIo::new(tcp), what).await?,
+        let mut io: Box<dyn ApiStream> = match &self.tls {
+            Some((connector, name)) => Box::new(
+                tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), tcp))
+                    .await
+                    .map_err(|_| connect_err(format!("TLS timed out after {CONNECT_TIMEOUT:?}")))?
+                    .map_err(|e| connect_err(format!("TLS: {e}")))?,
+            ),
+            None => Box::new(tcp),
         };
-        let mut request = http::Request::get(path)
-            .header(http::header::HOST, server.split("://").nth(1).unwrap_or(""))
-            .header(http::header::ACCEPT, "application/json");
-        if let Some(token) = token {
-            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        let http_err = |reason: String| KubeError::Http {
+            what: what.to_string(),
+            reason,
+        };
+        let host = HeaderValue::from_str(self.server.authority.as_str()).map_err(|_| {
+            http_err(format!(
+                "host {:?}: not a Host value",
+                self.server.authority
+            ))
+        })?;
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut fields: Vec<(&[u8], &[u8])> = vec![(b"accept", b"application/json")];
+        if let Some(bearer) = &bearer {
+            fields.push((b"authorization", bearer.as_bytes()));
         }
-        let request = request
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| KubeError::Http {
-                what: what.to_string(),
-                reason: e.to_string(),
-            })?;
-        let response = sender
-            .send_request(request)
+        let mut request = Vec::with_capacity(512);
+        http1::put_request_head(&mut request, &Method::GET, &[path], &host, fields, None);
+        io.write_all(&request)
             .await
-            .map_err(|e| http_err(what, e))?;
-        let status = response.status();
+            .map_err(|e| http_err(e.to_string()))?;
+        let (status, mut body) = ApiBody::read_head(io, what).await?;
         if status.is_success() {
-            return Ok(response.into_body());
+            return Ok(body);
         }
         // The API server's `Status` object says why; a few KiB of it is plenty.
         let mut message = Vec::new();
-        let mut body = response.into_body();
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Ok(data) = frame.into_data() {
-                message.extend_from_slice(&data[..data.len().min(4096 - message.len().min(4096))]);
-            }
+        while let Ok(Some(data)) = body.data(what).await {
+            message.extend_from_slice(&data[..data.len().min(4096 - message.len().min(4096))]);
             if message.len() >= 4096 {
                 break;
             }
@@ -253,27 +247,77 @@ impl ApiClient {
     }
 }
 
-async fn handshake<IO>(
-    io: IO,
-    what: &str,
-) -> Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>, KubeError>
-where
-    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| http_err(what, e))?;
-    // Ends when the response body is dropped or fully read.
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    Ok(sender)
+/// The connection to the API server: TCP, or TLS over it.
+trait ApiStream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> ApiStream for T {}
+
+/// A response body being read off its connection, de-framed by the crate's codec.
+struct ApiBody {
+    io: Box<dyn ApiStream>,
+    buf: BytesMut,
+    decoder: BodyDecoder,
+    eof: bool,
 }
 
-fn http_err(what: &str, e: hyper::Error) -> KubeError {
+impl ApiBody {
+    /// Reads the final response head (passing over interim 1xx ones); the body follows.
+    async fn read_head(
+        mut io: Box<dyn ApiStream>,
+        what: &str,
+    ) -> Result<(http::StatusCode, ApiBody), KubeError> {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        loop {
+            let n = http1::read_some(&mut io, &mut buf)
+                .await
+                .map_err(|e| protocol(what, e.to_string()))?;
+            while let Some(head) =
+                http1::parse_response(&mut buf, false).map_err(|e| protocol(what, e.to_string()))?
+            {
+                if head.status.is_informational() {
+                    continue;
+                }
+                let body = ApiBody {
+                    io,
+                    buf,
+                    decoder: BodyDecoder::new(head.framing),
+                    eof: false,
+                };
+                return Ok((head.status, body));
+            }
+            if n == 0 {
+                return Err(protocol(
+                    what,
+                    "connection closed before the response head".into(),
+                ));
+            }
+        }
+    }
+
+    /// The next piece of the body, or `None` at its end. Cancel-safe: what was read stays in
+    /// the buffer.
+    async fn data(&mut self, what: &str) -> Result<Option<Bytes>, KubeError> {
+        loop {
+            match self.decoder.decode(&mut self.buf, self.eof) {
+                Ok(Decoded::Data(data)) => return Ok(Some(data)),
+                Ok(Decoded::Done) => return Ok(None),
+                Ok(Decoded::NeedMore) => {}
+                Err(H1Error::Incomplete) => {
+                    return Err(protocol(what, "connection closed mid-body".into()))
+                }
+                Err(e) => return Err(protocol(what, e.to_string())),
+            }
+            let n = http1::read_some(&mut self.io, &mut self.buf)
+                .await
+                .map_err(|e| protocol(what, e.to_string()))?;
+            self.eof = n == 0;
+        }
+    }
+}
+
+fn protocol(what: &str, reason: String) -> KubeError {
     KubeError::Http {
         what: what.to_string(),
-        reason: e.to_string(),
+        reason,
     }
 }
 
@@ -310,7 +354,7 @@ pub(crate) struct WatchEvent {
 /// An open watch: a stream of newline-delimited JSON events, each at most `limit` bytes.
 pub(crate) struct WatchStream {
     what: String,
-    body: Incoming,
+    body: ApiBody,
     buf: Vec<u8>,
     limit: usize,
     /// When the watch counts as dead unless more bytes arrive.
@@ -341,20 +385,17 @@ impl WatchStream {
             if self.buf.len() > self.limit {
                 return Err(self.too_long());
             }
-            let frame = tokio::time::timeout_at(self.deadline, self.body.frame())
+            let data = tokio::time::timeout_at(self.deadline, self.body.data(&self.what))
                 .await
                 .map_err(|_| KubeError::Timeout {
                     what: self.what.clone(),
                     after: WATCH_IDLE,
-                })?;
-            match frame {
+                })??;
+            match data {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(http_err(&self.what, e)),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.deadline = Instant::now() + WATCH_IDLE;
-                        self.buf.extend_from_slice(&data);
-                    }
+                Some(data) => {
+                    self.deadline = Instant::now() + WATCH_IDLE;
+                    self.buf.extend_from_slice(&data);
                 }
             }
         }
