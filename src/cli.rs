@@ -6,9 +6,6 @@ use clap::{Parser, Subcommand};
 
 use crate::telemetry::LogFormat;
 
-/// Exit code for a configuration or usage error detected before any work starts.
-pub const EXIT_CONFIG: u8 = 2;
-
 #[derive(Debug, Parser)]
 #[command(name = "agentrace", version, about, long_about = None)]
 pub struct Cli {

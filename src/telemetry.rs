@@ -1,9 +1,13 @@
-//! Logging set-up: `tracing` to stderr, human-readable or JSON lines.
+//! How the process reports: logging to stderr (human-readable or JSON lines), an error's
+//! chain of causes, and the exit code of a configuration error.
 
 use std::io::IsTerminal;
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
+
+/// Exit code for a configuration or usage error detected before any work starts.
+pub(crate) const EXIT_CONFIG: u8 = 2;
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use crate::cli::EXIT_CONFIG;
 use crate::proxy::cli::{effective_config, ProxyArgs};
 use crate::proxy::ProxyConfig;
+use crate::telemetry::EXIT_CONFIG;
 
 /// Flags of `agentrace epp`.
 #[derive(Debug, clap::Args)]

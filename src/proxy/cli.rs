@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::builder::TypedValueParser;
 
 use super::config::{BackendConfig, Policy, ProxyConfig};
-use crate::cli::EXIT_CONFIG;
+use crate::telemetry::EXIT_CONFIG;
 
 /// Flags of `agentrace proxy`.
 #[derive(Debug, clap::Args)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::config::{LogPrompts, ReplayConfig};
-use crate::cli::EXIT_CONFIG;
 use crate::dataset::Dataset;
+use crate::telemetry::EXIT_CONFIG;
 
 /// Flags shared by `replay` and `sweep`; every one overrides the config file.
 #[derive(Debug, Clone, clap::Args)]

@@ -138,7 +138,7 @@ impl SimSettings {
 pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     if args.replicas == 0 {
         eprintln!("error: --replicas: must be >= 1, got 0");
-        return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+        return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
     }
     let config = match args
         .settings
@@ -148,7 +148,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {}", crate::telemetry::report(&e));
-            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+            return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
         }
     };
     let stop = stop_signal()?;
@@ -157,7 +157,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         Ok(c) => c,
         Err(e @ (super::SimError::Config(_) | super::SimError::OracleMissing)) => {
             eprintln!("error: {e}");
-            return Ok(ExitCode::from(crate::cli::EXIT_CONFIG));
+            return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
         }
         Err(e) => return Err(e.into()),
     };
