@@ -14,7 +14,10 @@
 # trees). RUNS=3 repeats every router on a new cluster (new ports, so new backend names and a
 # new draw of hash luck). TIME_SCALE (default 0.02) scales the simulated time and delays.
 # ROUTERS="agentrace:session smg:cache_aware ..." picks the rows; AGENTRACE_CONFIG=file.toml
-# gives agentrace's proxy a config file (its `[affinity]`, say) under the flags. The peers are
+# gives agentrace's proxy a config file (its `[affinity]`, say) under the flags. The proxy's
+# active window (`affinity.active_secs`, 20 s) is scaled by TIME_SCALE like every simulated
+# time, unless that file sets it: unscaled, sessions that ended would count as live context
+# for 1,000 simulated seconds, most of a run. The peers are
 # installed from PyPI into a virtualenv at ${XDG_CACHE_HOME:-~/.cache}/agentrace/bench-venv
 # when missing. AGENTRACE=path/to/agentrace picks the binary (default: target/release/agentrace,
 # built).
@@ -63,7 +66,18 @@ for router in $routers; do
     case "$kind" in
         agentrace)
             # Backends named host:port, as `--backend URL` names them, after AGENTRACE_CONFIG.
-            { [ -n "${AGENTRACE_CONFIG:-}" ] && cat "$AGENTRACE_CONFIG"
+            active="$(python3 -c "print(20 * $scale)")"
+            { if [ -n "${AGENTRACE_CONFIG:-}" ]; then
+                  if grep -q '^active_secs' "$AGENTRACE_CONFIG"; then
+                      cat "$AGENTRACE_CONFIG"
+                  elif grep -q '^\[affinity\]' "$AGENTRACE_CONFIG"; then
+                      sed "/^\[affinity\]/a active_secs = $active" "$AGENTRACE_CONFIG"
+                  else
+                      cat "$AGENTRACE_CONFIG"; printf '[affinity]\nactive_secs = %s\n' "$active"
+                  fi
+              else
+                  printf '[affinity]\nactive_secs = %s\n' "$active"
+              fi
               for a in "${addrs[@]}"; do printf '[[backends]]\nname = "%s"\nurl = "http://%s"\n' "$a" "$a"; done
             } >"$work/proxy.toml"
             "$bin" proxy -c "$work/proxy.toml" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 \

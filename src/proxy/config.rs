@@ -280,7 +280,9 @@ pub struct AffinityConfig {
     /// context (1: always the first choice, plain hashing).
     pub choices: usize,
     /// A session counts in its backend's active context this long after its last request.
-    pub active_secs: u64,
+    /// Fractions are allowed: a replay that compresses time (a simulator's time scale) needs
+    /// the window compressed alike, or sessions that ended keep counting for most of the run.
+    pub active_secs: f64,
     /// A continuing turn whose backend reports fewer than this share of the previous turn's
     /// prompt tokens as cached has lost its cache there; the session's next turn moves to the
     /// backend holding the least active context, if that holds less (0 turns this off).
@@ -428,7 +430,7 @@ impl Default for AffinityConfig {
             max_sessions: 1_000_000,
             context_factor: 1.1,
             choices: 3,
-            active_secs: 20,
+            active_secs: 20.0,
             lost_cache_share: 0.5,
         }
     }
@@ -628,8 +630,12 @@ impl ProxyConfig {
                 a.choices
             ));
         }
-        if a.active_secs == 0 {
-            return bad("affinity.active_secs: must be > 0, got 0".into());
+        // NaN fails the first comparison; the TTL bound also keeps the duration representable.
+        if !(a.active_secs > 0.0 && a.active_secs <= a.session_ttl_secs as f64) {
+            return bad(format!(
+                "affinity.active_secs: must be > 0 and at most session_ttl_secs, got {}",
+                a.active_secs
+            ));
         }
         if !(0.0..=1.0).contains(&a.lost_cache_share) {
             return bad(format!(

@@ -288,7 +288,7 @@ fn new_inner(
     );
     router
         .sessions
-        .set_active_window(Duration::from_secs(config.affinity.active_secs));
+        .set_active_window(Duration::from_secs_f64(config.affinity.active_secs));
     Arc::new(Inner {
         router,
         probe_pool: RwLock::new(probe_pool),
@@ -470,7 +470,7 @@ impl Inner {
         );
         self.router
             .sessions
-            .set_active_window(Duration::from_secs(config.affinity.active_secs));
+            .set_active_window(Duration::from_secs_f64(config.affinity.active_secs));
         *self.probe_pool.write() = probe_pool;
         *self.worker_pools.write() = worker_pools;
         self.retries

@@ -23,12 +23,38 @@ use crate::tap::{ExchangeEnd, ExchangeObserver};
 pub(crate) struct Exchange {
     backend: Arc<Backend>,
     _in_flight: InFlight,
+    _turn: Option<SessionTurn>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
     got_first_byte: bool,
     sse: bool,
     at_event_boundary: bool,
     cache: Option<CacheReport>,
+}
+
+/// A turn of a session the table placed, in flight until dropped: the session counts in its
+/// backend's active context meanwhile, and its idle time starts when the turn ends.
+pub(crate) struct SessionTurn {
+    session: SessionId,
+    inner: Arc<Inner>,
+}
+
+impl SessionTurn {
+    /// The turn now going out for `session`, when the table placed one.
+    pub(crate) fn start(inner: &Arc<Inner>, session: Option<SessionId>) -> Option<Self> {
+        let session = session?;
+        inner.router.sessions.turn_started(session);
+        Some(Self {
+            session,
+            inner: inner.clone(),
+        })
+    }
+}
+
+impl Drop for SessionTurn {
+    fn drop(&mut self) {
+        self.inner.router.sessions.turn_ended(self.session);
+    }
 }
 
 /// Reads a session's response for the usage its backend reports, and tells the session table
@@ -101,10 +127,11 @@ pub(crate) fn delivered(body: &mut super::upstream::ProxyBody, at: Instant) {
 
 impl Exchange {
     /// The exchange with `backend` whose request went out at `sent_at`, counted in flight
-    /// until it ends; `sse` when an error event may be appended to its body.
+    /// (and as `turn` of its session) until it ends; `sse` when an error event may be appended to its body.
     pub(crate) fn new(
         backend: Arc<Backend>,
         in_flight: InFlight,
+        turn: Option<SessionTurn>,
         observer: Option<Box<dyn ExchangeObserver>>,
         sent_at: Instant,
         sse: bool,
@@ -113,6 +140,7 @@ impl Exchange {
         Self {
             backend,
             _in_flight: in_flight,
+            _turn: turn,
             observer,
             sent_at,
             got_first_byte: false,

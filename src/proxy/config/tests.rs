@@ -21,6 +21,7 @@ fn defaults_match_the_documented_values() {
     assert_eq!(c.affinity.load_factor, 1.25);
     assert_eq!(c.affinity.session_ttl_secs, 1800);
     assert_eq!(c.affinity.max_sessions, 1_000_000);
+    assert_eq!(c.affinity.active_secs, 20.0);
     assert_eq!(c.affinity.headers, DEFAULT_SESSION_HEADERS.to_vec());
     assert!(c.affinity.fingerprint);
     assert_eq!(c.health.interval_ms, 5000);
@@ -138,6 +139,14 @@ fn every_validation_error_names_field_and_value() {
             "affinity.max_sessions: must be > 0, got 0",
         ),
         (
+            format!("[affinity]\nactive_secs = 0\n{b}"),
+            "affinity.active_secs: must be > 0 and at most session_ttl_secs, got 0",
+        ),
+        (
+            format!("[affinity]\nsession_ttl_secs = 60\nactive_secs = 61\n{b}"),
+            "affinity.active_secs: must be > 0 and at most session_ttl_secs, got 61",
+        ),
+        (
             format!("[affinity]\npolicy = \"random\"\n{b}"),
             "unknown variant `random`",
         ),
@@ -213,6 +222,17 @@ fn every_validation_error_names_field_and_value() {
 fn zero_load_factor_turns_the_bound_off_and_is_accepted() {
     let c = ProxyConfig::from_toml_str(&format!("[affinity]\nload_factor = 0\n{}", base()));
     assert_eq!(c.unwrap().affinity.load_factor, 0.0);
+}
+
+/// Whole seconds, as configs have always given it, and fractions, for replays that
+/// compress time, both load.
+#[test]
+fn active_window_takes_whole_and_fractional_seconds() {
+    for (text, secs) in [("20", 20.0), ("0.4", 0.4)] {
+        let c =
+            ProxyConfig::from_toml_str(&format!("[affinity]\nactive_secs = {text}\n{}", base()));
+        assert_eq!(c.unwrap().affinity.active_secs, secs);
+    }
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! (20 over 4 backends can land 7/8/3/2), and the crowded backend then evicts its own sessions'
 //! prefixes. So a session's first turn stays with its first choice only while that backend
 //! holds at most `context_factor` times its share of the active context (the body bytes of
-//! sessions used within the active window), else goes to whichever of its first `choices`
+//! sessions with a turn in flight or ended within the active window), else goes to whichever of its first `choices`
 //! rendezvous choices holds the least. On top sit a bounded-load escape on requests in flight
 //! and a session table that remembers, with an idle TTL and an LRU bound,
 //! every placement that differs from the plain hash, so a session stays with the cache it built.
@@ -88,8 +88,9 @@ pub(crate) struct Backend {
     pub in_flight: AtomicU64,
     /// Sessions the session table places here.
     pub sessions: AtomicI64,
-    /// Body bytes of the last request of each session placed here and used within the active
-    /// window: the context this backend must hold for its live sessions.
+    /// Body bytes of the last request of each session placed here with a turn in flight or
+    /// one ended within the active window: the context this backend must hold for its live
+    /// sessions.
     pub active_bytes: AtomicI64,
     /// Takes new requests only while healthy.
     pub healthy: AtomicBool,

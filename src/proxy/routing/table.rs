@@ -48,8 +48,12 @@ struct Entry {
     last_used: Instant,
     /// Body bytes of the session's last request: the context its backend holds for it.
     bytes: u64,
-    /// Counted in its backend's active context (used within the active window).
+    /// Counted in its backend's active context (a turn in flight, or one ended within the
+    /// active window).
     active: bool,
+    /// Turns of the session in flight: while any is, the session is active however long the
+    /// turn takes (a long prefill must not make its context look free).
+    turns: u32,
     /// The prompt size its backend reported for its last request there (none yet since it
     /// was placed there): what the next turn should find cached.
     prompt_tokens: Option<u64>,
@@ -257,10 +261,46 @@ impl SessionTable {
         })
     }
 
-    /// How long after its last request a session still counts in its backend's active context.
+    /// How long after its last turn ended a session still counts in its backend's active
+    /// context.
     pub(crate) fn set_active_window(&self, window: Duration) {
         self.active_ms
             .store(window.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// A turn of the session went out: it stays active until [`SessionTable::turn_ended`].
+    pub(crate) fn turn_started(&self, id: SessionId) {
+        let (mut shard, _) = self.lock(id);
+        if let Some(e) = shard.map.get_mut(&id) {
+            e.turns += 1;
+        }
+    }
+
+    /// A turn of the session ended: its idle time starts now, so a turn that outlasts the
+    /// active window leaves the session active for a whole window after it, as the backend
+    /// still holds its context then.
+    pub(crate) fn turn_ended(&self, id: SessionId) {
+        let now = Instant::now();
+        let (mut guard, _) = self.lock(id);
+        let Shard {
+            map,
+            order,
+            next_seq,
+            ..
+        } = &mut *guard;
+        let Some(e) = map.get_mut(&id) else {
+            return;
+        };
+        e.turns = e.turns.saturating_sub(1);
+        order.remove(&e.seq);
+        e.seq = *next_seq;
+        *next_seq += 1;
+        e.last_used = now;
+        order.insert(e.seq, (id, now));
+        if !e.active {
+            e.active = true;
+            e.backend.hold(e.bytes);
+        }
     }
 
     /// Records a placement of a request of `bytes` and refreshes the session's last use.
@@ -325,6 +365,7 @@ impl SessionTable {
                         last_used: now,
                         bytes,
                         active: true,
+                        turns: 0,
                         prompt_tokens: None,
                         cache_lost: false,
                     },
@@ -353,8 +394,10 @@ impl SessionTable {
             if now.saturating_duration_since(last_used) <= window {
                 break;
             }
+            // A session with a turn in flight stays active; the turn's end re-enters it
+            // into this walk's order, past `from`.
             if let Some(e) = shard.map.get_mut(&id) {
-                if e.active {
+                if e.active && e.turns == 0 {
                     e.active = false;
                     e.backend.release(e.bytes);
                 }

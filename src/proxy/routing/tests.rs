@@ -612,6 +612,34 @@ fn idle_sessions_stop_counting_as_held() {
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
 }
 
+/// A session's idle time runs from the end of its last turn, not its start: while a turn is
+/// in flight the session counts in its backend's context however long the turn takes, and
+/// it stops counting only a whole window after the turn ended.
+#[tokio::test(start_paused = true)]
+async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() {
+    let pool = pool_of(&["a"], 0.0);
+    let a = &pool.backends[0];
+    let t = SessionTable::new(10, Duration::from_secs(1800));
+    t.set_active_window(Duration::from_secs(20));
+    let long = id_of(&t, "long");
+    t.put(long, a, false, Outcome::Hash, 500);
+    t.turn_started(long);
+    t.put(id_of(&t, "short"), a, false, Outcome::Hash, 300);
+    t.turn_started(id_of(&t, "short"));
+    t.turn_ended(id_of(&t, "short"));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    t.sweep();
+    // Thirty seconds into its turn, the long one still counts; the short one, done, does not.
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 500);
+    t.turn_ended(long);
+    tokio::time::advance(Duration::from_secs(15)).await;
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 500);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
 fn usage(prompt_tokens: u64, cached_tokens: u64) -> CacheUsage {
     CacheUsage {
         prompt_tokens,
