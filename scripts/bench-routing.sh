@@ -3,7 +3,8 @@
 # SMG (cache_aware, consistent_hashing) and the vLLM router (cache_aware, consistent_hash),
 # each in front of its own fresh `agentrace sim` cluster, replaying the same dataset
 # closed-loop. Prints one row per router and run: prefix-cache hit rate and server TTFT
-# mean/p90 (from the replicas' own counters and histogram, simulated time), client TTFT
+# mean/p90 (from the replicas' own counters and histogram, simulated time; p90 interpolated
+# within its bucket as Prometheus' histogram_quantile does), client TTFT
 # p50/p90, system_tps, the slowest user's tokens/s, requests per replica and failures; with
 # RUNS > 1, then the median and the worst run of each router.
 #
@@ -138,11 +139,13 @@ for block in open(metrics).read().split("# end"):
             buckets[le] = buckets.get(le, 0.0) + v
     if block.strip():
         per.append(int(n))
-p90 = float("nan")
+# As Prometheus' histogram_quantile: linear within the bucket the 90th percentile falls in.
+p90, lower, below = float("nan"), 0.0, 0.0
 for le, c in sorted(((float(k), c) for k, c in buckets.items())):
     if tcount and c >= 0.9 * tcount:
-        p90 = le
+        p90 = le if le == float("inf") else lower + (le - lower) * (0.9 * tcount - below) / max(c - below, 1e-9)
         break
+    lower, below = le, c
 try:
     s = json.load(open(summary))
     t = s["ttft"]["percentiles"]
