@@ -8,17 +8,17 @@ use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "agentrace", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Session-affinity reverse proxy in front of OpenAI-compatible servers.
     Proxy(crate::proxy::cli::ProxyArgs),
     /// Endpoint picker for a gateway (Envoy ext_proc, Gateway API Inference Extension).

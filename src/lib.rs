@@ -53,6 +53,7 @@
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 #![deny(unreachable_pub)]
+#![deny(missing_docs)]
 
 pub mod capture;
 pub mod cli;

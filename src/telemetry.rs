@@ -11,7 +11,7 @@ pub(crate) const EXIT_CONFIG: u8 = 2;
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// One readable line per event.
     Human,
     /// One JSON object per event, for log shippers.

@@ -14,7 +14,7 @@ use super::reader::{self, Entry, SegmentReader};
 
 /// Subcommands of `agentrace capture`.
 #[derive(Debug, clap::Subcommand)]
-pub enum CaptureCommand {
+pub(crate) enum CaptureCommand {
     /// List the segment files of capture directories, with the replica that wrote each.
     Ls {
         /// Capture directories (one per replica), or a directory of replica directories.

@@ -11,7 +11,7 @@ use super::{load, DatasetError, LoadOptions};
 
 /// Subcommands of `agentrace dataset`.
 #[derive(Debug, clap::Subcommand)]
-pub enum DatasetCommand {
+pub(crate) enum DatasetCommand {
     /// Check a dataset against every rule of the reference; lists all errors (exit 1).
     Validate {
         /// The JSONL file (`.jsonl` or `.jsonl.zst`).

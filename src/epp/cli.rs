@@ -12,7 +12,7 @@ use crate::telemetry::EXIT_CONFIG;
 
 /// Flags of `agentrace epp`.
 #[derive(Debug, clap::Args)]
-pub struct EppArgs {
+pub(crate) struct EppArgs {
     /// Address of the gRPC listener (ext_proc and gRPC health) the gateway connects to.
     #[arg(long, default_value = "127.0.0.1:9002")]
     pub listen: SocketAddr,

@@ -12,7 +12,7 @@ use crate::telemetry::EXIT_CONFIG;
 
 /// Flags of `agentrace proxy`.
 #[derive(Debug, clap::Args)]
-pub struct ProxyArgs {
+pub(crate) struct ProxyArgs {
     /// TOML config file (see config/proxy.toml); SIGHUP re-reads it.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,

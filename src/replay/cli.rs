@@ -12,7 +12,7 @@ use crate::telemetry::EXIT_CONFIG;
 
 /// Flags shared by `replay` and `sweep`; every one overrides the config file.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RunFlags {
+pub(crate) struct RunFlags {
     /// TOML run config (`config/replay-qwen.toml`, `config/replay-kimi.toml`).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -103,7 +103,7 @@ pub struct RunFlags {
 
 /// Flags of `agentrace replay`.
 #[derive(Debug, clap::Args)]
-pub struct ReplayArgs {
+pub(crate) struct ReplayArgs {
     /// Slots (active trajectories).
     #[arg(long)]
     pub concurrency: Option<usize>,
@@ -128,14 +128,14 @@ pub struct ReplayArgs {
 
 /// Pacing of an open-loop replay of captures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Timing {
+pub(crate) enum Timing {
     /// Each request at its recorded start time, scaled by `--speed`.
     Recorded,
 }
 
 /// Flags of `agentrace sweep`.
 #[derive(Debug, clap::Args)]
-pub struct SweepArgs {
+pub(crate) struct SweepArgs {
     /// Concurrency points, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pub concurrency: Vec<usize>,

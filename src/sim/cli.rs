@@ -8,7 +8,7 @@ use super::config::{MidStreamFault, ResponderKind, SimConfig};
 
 /// Flags of `agentrace sim`; each one wins over the same field of `--config`.
 #[derive(Debug, clap::Args)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Number of independent replicas, on consecutive ports.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
@@ -23,7 +23,7 @@ pub struct SimArgs {
 
 /// Profile, config file and per-field overrides of `agentrace sim`.
 #[derive(Debug, clap::Args)]
-pub struct SimSettings {
+pub(crate) struct SimSettings {
     /// Hardware profile: h100-qwen3-30b-a3b-bf16 (default) or h200-qwen3-30b-a3b-fp8.
     #[arg(long)]
     pub profile: Option<String>,
@@ -84,7 +84,7 @@ pub struct SimSettings {
 
 impl SimSettings {
     /// The configuration these flags describe.
-    pub fn to_config(&self) -> anyhow::Result<SimConfig> {
+    pub(crate) fn to_config(&self) -> anyhow::Result<SimConfig> {
         let mut cfg = match (&self.config, &self.profile) {
             (Some(path), profile) => {
                 let mut cfg = SimConfig::from_file(path)?;
