@@ -42,7 +42,9 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     stop_first.fire();
     proxy.join().await;
 
-    let capture = reader::read_dir(&first).unwrap();
+    let mut capture = reader::read_dir(&first).unwrap();
+    // Written as exchanges end, which the next turn may overtake: read in request order.
+    capture.exchanges.sort_by_key(|e| e.record.id);
     assert!(capture.cuts.is_empty(), "{:?}", capture.cuts);
     assert_eq!(capture.exchanges.len(), 20);
     for (i, e) in capture.exchanges.iter().enumerate() {
@@ -98,7 +100,8 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     assert_eq!(summary.turns_ok, 20, "{summary:?}");
     stop_second.fire();
     replay_proxy.join().await;
-    let replayed = reader::read_dir(&second).unwrap();
+    let mut replayed = reader::read_dir(&second).unwrap();
+    replayed.exchanges.sort_by_key(|e| e.record.id);
     assert_eq!(replayed.exchanges.len(), 20);
     for (i, (a, b)) in capture
         .exchanges
