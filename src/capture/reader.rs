@@ -285,7 +285,8 @@ impl Iterator for SegmentReader {
 /// Everything readable in a capture directory.
 #[derive(Debug, Default)]
 pub struct Capture {
-    /// Exchanges in file order.
+    /// Exchanges in file order: the order they ended in, which is not always the order
+    /// their requests started in (sort by `record.id` or `record.start_unix_ns` for that).
     pub exchanges: Vec<Exchange>,
     /// Records the recorder reported dropped.
     pub dropped: u64,
