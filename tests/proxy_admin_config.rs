@@ -587,3 +587,58 @@ async fn flags_alone_start_a_proxy() {
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+// The admin listener speaks through the crate's HTTP/1.1 codec: requests on one connection are
+// answered in turn, HEAD gets a head only, and what the codec refuses (a head past its bound, a
+// body the admin API will not read) is answered with its status and the connection closed.
+#[tokio::test]
+async fn admin_listener_keeps_alive_and_refuses_oversized_heads_and_bodies() {
+    use support::raw_http1::Client as Raw;
+    let a = TestBackend::spawn("a").await;
+    let proxy = start_proxy(config_for(&[&a])).await;
+
+    let mut raw = Raw::connect(proxy.admin).await;
+    raw.send("GET /health HTTP/1.1\r\nhost: x\r\n\r\nHEAD /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let first = raw.reply().await;
+    assert_eq!((first.status, &first.body[..]), (200, &b"ok\n"[..]));
+    let second = raw.reply_to(true).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("content-length").as_deref(), Some("3"));
+    raw.send("GET /admin/backends HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    assert_eq!(raw.reply().await.json()["backends"][0]["name"], "a");
+
+    let mut raw = Raw::connect(proxy.admin).await;
+    let long = "x".repeat(128 * 1024);
+    raw.send(format!(
+        "GET /metrics HTTP/1.1\r\nhost: x\r\nx-long: {long}\r\n\r\n"
+    ))
+    .await;
+    let refused = raw.reply().await;
+    assert_eq!(refused.status, 431, "{}", refused.head);
+    assert!(
+        !raw.fill().await,
+        "the connection is closed after a refusal"
+    );
+
+    let mut raw = Raw::connect(proxy.admin).await;
+    raw.send(
+        "POST /admin/backends/a/drain HTTP/1.1\r\nhost: x\r\ncontent-length: 10000000\r\n\r\n",
+    )
+    .await;
+    let refused = raw.reply().await;
+    assert_eq!(refused.status, 413, "{}", refused.head);
+    assert!(
+        !raw.fill().await,
+        "the connection is closed after a refusal"
+    );
+    let mut raw = Raw::connect(proxy.admin).await;
+    raw.send("GET /admin/backends HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    assert_eq!(
+        raw.reply().await.json()["backends"][0]["draining"],
+        false,
+        "a refused request does nothing"
+    );
+}

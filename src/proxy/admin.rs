@@ -1,24 +1,29 @@
 //! Admin listener: `/metrics` for Prometheus and a small JSON API to inspect backends and
-//! sessions and to drain a backend.
+//! sessions and to drain a backend. It speaks HTTP/1.1 through the crate's codec, as the
+//! forwarding path does: heads bounded by `MAX_HEAD`, bodies (which no endpoint takes) read
+//! and dropped up to `MAX_BODY`, a client silent for `IDLE_TIMEOUT` closed.
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
+use http::{Method, StatusCode, Version};
 use serde_json::json;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::routing::{Pool, SessionKey};
 use super::Inner;
+use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, OutFraming, RequestHead};
 use crate::shutdown::Shutdown;
 use crate::tap::KeySource;
+
+/// A client that sends no complete request head for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most request body bytes read and dropped; no admin endpoint takes a body.
+const MAX_BODY: u64 = 64 * 1024;
 
 /// Serves the admin API until `stop` fires.
 pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdown) {
@@ -29,16 +34,7 @@ pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdow
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = tcp.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let inner = inner.clone();
-                    connections.spawn(async move {
-                        let service = service_fn(move |req| {
-                            let inner = inner.clone();
-                            async move { Ok::<_, Infallible>(route(&inner, req)) }
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
+                    connections.spawn(serve_connection(stream, inner.clone()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "admin accept failed");
@@ -50,27 +46,168 @@ pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdow
     connections.abort_all();
 }
 
-type AdminResponse = Response<Full<Bytes>>;
-
-fn respond(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> AdminResponse {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
-    r
+/// Answers the requests of one connection in turn until the client closes it, asks to, or
+/// sends something the codec refuses (answered with its status, then closed).
+async fn serve_connection(mut io: TcpStream, inner: Arc<Inner>) {
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    loop {
+        let head = match tokio::time::timeout(IDLE_TIMEOUT, read_head(&mut io, &mut buf)).await {
+            Ok(Ok(Some(head))) => head,
+            Ok(Err(e)) => {
+                let reply = error(e.status(), &e.to_string());
+                if write_reply(&mut io, reply, Version::HTTP_11, true, false)
+                    .await
+                    .is_ok()
+                {
+                    close_gracefully(io).await;
+                }
+                return;
+            }
+            Ok(Ok(None)) | Err(_) => return,
+        };
+        let mut close = !head.keep_alive;
+        let reply = match drop_body(&mut io, &mut buf, head.framing).await {
+            Ok(()) => route(&inner, &head),
+            Err(refusal) => {
+                close = true;
+                refusal
+            }
+        };
+        let head_only = head.method == Method::HEAD;
+        if write_reply(&mut io, reply, head.version, close, head_only)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if close {
+            close_gracefully(io).await;
+            return;
+        }
+    }
 }
 
-fn json_response(status: StatusCode, value: serde_json::Value) -> AdminResponse {
+/// Sends FIN and reads what the client still sends, for a while, before closing: closing
+/// with unread bytes would reset the connection and could destroy the answer in flight.
+async fn close_gracefully(mut io: TcpStream) {
+    let _ = io.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 16 * 1024];
+        let mut left = 1024 * 1024;
+        while left > 0 {
+            match tokio::io::AsyncReadExt::read(&mut io, &mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => left -= n.min(left),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// The next request head, or `None` when the client closed between requests.
+async fn read_head(io: &mut TcpStream, buf: &mut BytesMut) -> Result<Option<RequestHead>, H1Error> {
+    loop {
+        if let Some(head) = http1::parse_request(buf)? {
+            return Ok(Some(head));
+        }
+        match http1::read_some(io, buf).await {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) | Err(_) => return Err(H1Error::Incomplete),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Reads the request body and drops it; a body past [`MAX_BODY`] gets 413 and a framing
+/// fault the codec's status.
+async fn drop_body(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    framing: http1::Framing,
+) -> Result<(), AdminReply> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the admin API takes no request body (read at most {MAX_BODY} bytes)"),
+        )
+    };
+    let refused = |e: H1Error| error(e.status(), &e.to_string());
+    if matches!(framing, http1::Framing::Length(n) if n > MAX_BODY) {
+        return Err(too_large());
+    }
+    let mut decoder = BodyDecoder::new(framing);
+    let (mut seen, mut eof) = (0u64, false);
+    loop {
+        match decoder.decode(buf, eof).map_err(refused)? {
+            Decoded::Done => return Ok(()),
+            Decoded::Data(data) => {
+                seen += data.len() as u64;
+                if seen > MAX_BODY {
+                    return Err(too_large());
+                }
+            }
+            Decoded::NeedMore => {
+                let read = http1::read_some(io, buf).await;
+                eof = read.map_err(|_| refused(H1Error::Incomplete))? == 0;
+            }
+        }
+    }
+}
+
+/// What an admin request is answered with.
+struct AdminReply {
+    status: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+    /// Sent with 401: the scheme the client must use.
+    challenge: bool,
+}
+
+async fn write_reply(
+    io: &mut TcpStream,
+    reply: AdminReply,
+    version: Version,
+    close: bool,
+    head_only: bool,
+) -> std::io::Result<()> {
+    let length = reply.body.len().to_string();
+    let mut fields: Vec<(&[u8], &[u8])> = vec![
+        (b"content-type", reply.content_type.as_bytes()),
+        (b"content-length", length.as_bytes()),
+    ];
+    if reply.challenge {
+        fields.push((b"www-authenticate", b"Bearer"));
+    }
+    let mut out = Vec::with_capacity(256 + reply.body.len());
+    let keep_alive_10 = version == Version::HTTP_10 && !close;
+    http1::put_response_head(
+        &mut out,
+        reply.status,
+        fields,
+        OutFraming::AsIs,
+        close,
+        keep_alive_10,
+    );
+    if !head_only {
+        out.extend_from_slice(&reply.body);
+    }
+    io.write_all(&out).await
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> AdminReply {
+    AdminReply {
+        status,
+        content_type,
+        body: body.into(),
+        challenge: false,
+    }
+}
+
+fn json_response(status: StatusCode, value: serde_json::Value) -> AdminReply {
     respond(status, "application/json", value.to_string())
 }
 
-fn error(status: StatusCode, message: &str) -> AdminResponse {
+fn error(status: StatusCode, message: &str) -> AdminReply {
     json_response(status, json!({"error": {"message": message}}))
 }
 
@@ -84,14 +221,14 @@ fn token_matches(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
-fn authorized(inner: &Inner, req: &Request<Incoming>) -> bool {
+fn authorized(inner: &Inner, head: &RequestHead) -> bool {
     let config = inner.config.lock();
     let Some(token) = &config.admin.token else {
         return true;
     };
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| bearer_token(v.as_bytes()))
+    head.headers
+        .first("authorization")
+        .and_then(bearer_token)
         .is_some_and(|given| token_matches(given, token.0.as_bytes()))
 }
 
@@ -107,9 +244,13 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     Some(rest.trim_ascii())
 }
 
-fn route(inner: &Inner, req: Request<Incoming>) -> AdminResponse {
-    let path = req.uri().path().to_string();
-    let method = req.method().clone();
+fn route(inner: &Inner, head: &RequestHead) -> AdminReply {
+    let path = head.uri.path();
+    // HEAD is answered as GET; the connection writes the head alone.
+    let method = match head.method {
+        Method::HEAD => &Method::GET,
+        ref other => other,
+    };
     if path == "/metrics" && method == Method::GET {
         let pool = inner.router.pool();
         let stats = inner.recorder.lock().as_ref().map(|r| r.stats());
@@ -123,17 +264,15 @@ fn route(inner: &Inner, req: Request<Incoming>) -> AdminResponse {
     let Some(rest) = path.strip_prefix("/admin/") else {
         return error(StatusCode::NOT_FOUND, "unknown path");
     };
-    if !authorized(inner, &req) {
-        let mut r = error(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return r;
+    if !authorized(inner, head) {
+        return AdminReply {
+            challenge: true,
+            ..error(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+        };
     }
     let pool = inner.router.pool();
     let segments: Vec<&str> = rest.split('/').collect();
-    match (&method, segments.as_slice()) {
+    match (method, segments.as_slice()) {
         (&Method::GET, ["backends"]) => json_response(StatusCode::OK, backends_json(&pool)),
         (&Method::POST, ["backends", name, action @ ("drain" | "undrain")]) => {
             let name = percent_decode(name);
