@@ -1,7 +1,7 @@
 //! Admin listener: `/metrics` for Prometheus and a small JSON API to inspect backends and
 //! sessions and to drain a backend. It speaks HTTP/1.1 through the crate's codec, as the
 //! forwarding path does: heads bounded by `MAX_HEAD`, bodies (which no endpoint takes) read
-//! and dropped up to `MAX_BODY`, a client silent for `IDLE_TIMEOUT` closed.
+//! and dropped up to `MAX_BODY`, a client stalled for `IDLE_TIMEOUT` closed.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,7 +20,8 @@ use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, OutFraming, Requ
 use crate::shutdown::Shutdown;
 use crate::tap::KeySource;
 
-/// A client that sends no complete request head for this long is closed.
+/// A client that takes longer than this to send a request head or body, or to take an
+/// answer, is closed: a stalled client holds no task for good.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most request body bytes read and dropped; no admin endpoint takes a body.
 const MAX_BODY: u64 = 64 * 1024;
@@ -34,7 +35,7 @@ pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdow
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = tcp.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(serve_connection(stream, inner.clone()));
+                    connections.spawn(serve_connection(stream, inner.clone(), IDLE_TIMEOUT));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "admin accept failed");
@@ -47,18 +48,17 @@ pub(crate) async fn serve(tcp: TcpListener, inner: Arc<Inner>, mut stop: Shutdow
 }
 
 /// Answers the requests of one connection in turn until the client closes it, asks to, or
-/// sends something the codec refuses (answered with its status, then closed).
-async fn serve_connection(mut io: TcpStream, inner: Arc<Inner>) {
+/// sends something the codec refuses (answered with its status, then closed); a step that
+/// takes longer than `idle` closes it.
+async fn serve_connection(mut io: TcpStream, inner: Arc<Inner>, idle: Duration) {
     let mut buf = BytesMut::with_capacity(8 * 1024);
     loop {
-        let head = match tokio::time::timeout(IDLE_TIMEOUT, read_head(&mut io, &mut buf)).await {
+        let head = match tokio::time::timeout(idle, read_head(&mut io, &mut buf)).await {
             Ok(Ok(Some(head))) => head,
             Ok(Err(e)) => {
                 let reply = error(e.status(), &e.to_string());
-                if write_reply(&mut io, reply, Version::HTTP_11, true, false)
-                    .await
-                    .is_ok()
-                {
+                let write = write_reply(&mut io, reply, Version::HTTP_11, true, false);
+                if let Ok(Ok(())) = tokio::time::timeout(idle, write).await {
                     close_gracefully(io).await;
                 }
                 return;
@@ -66,18 +66,18 @@ async fn serve_connection(mut io: TcpStream, inner: Arc<Inner>) {
             Ok(Ok(None)) | Err(_) => return,
         };
         let mut close = !head.keep_alive;
-        let reply = match drop_body(&mut io, &mut buf, head.framing).await {
-            Ok(()) => route(&inner, &head),
-            Err(refusal) => {
+        let body = drop_body(&mut io, &mut buf, head.framing);
+        let reply = match tokio::time::timeout(idle, body).await {
+            Ok(Ok(())) => route(&inner, &head),
+            Ok(Err(refusal)) => {
                 close = true;
                 refusal
             }
+            Err(_) => return,
         };
         let head_only = head.method == Method::HEAD;
-        if write_reply(&mut io, reply, head.version, close, head_only)
-            .await
-            .is_err()
-        {
+        let write = write_reply(&mut io, reply, head.version, close, head_only);
+        if !matches!(tokio::time::timeout(idle, write).await, Ok(Ok(()))) {
             return;
         }
         if close {
@@ -354,6 +354,48 @@ fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that stops mid-request holds its connection for the idle timeout, not for good.
+    #[tokio::test]
+    async fn a_client_stalled_mid_request_is_closed_after_the_idle_timeout() {
+        use tokio::io::AsyncReadExt;
+        let config = crate::proxy::config::ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[health]\ninterval_ms = 0\n\
+             [[backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let (stop, shutdown) = crate::shutdown::channel();
+        let proxy = crate::proxy::start(config, shutdown).await.unwrap();
+        let idle = Duration::from_millis(200);
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        for stalled in [
+            &b"GET /metrics HTTP/1.1\r\nhost: x\r\n"[..],
+            &b"POST /admin/backends/a/drain HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc"[..],
+        ] {
+            let mut client = TcpStream::connect(tcp.local_addr().unwrap()).await.unwrap();
+            let (served, _) = tcp.accept().await.unwrap();
+            tokio::spawn(serve_connection(served, proxy.inner.clone(), idle));
+            client.write_all(stalled).await.unwrap();
+            let since = std::time::Instant::now();
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(idle * 10, client.read_to_end(&mut rest)).await;
+            assert!(
+                matches!(read, Ok(Ok(0))),
+                "still open or answered: {read:?} {rest:?}"
+            );
+            let waited = since.elapsed();
+            assert!(
+                waited >= idle && waited < idle * 10,
+                "closed after {waited:?}"
+            );
+        }
+        let drained = proxy.inner.router.pool().backends[0]
+            .draining
+            .load(Ordering::Relaxed);
+        assert!(!drained, "a stalled request does nothing");
+        stop.fire();
+        proxy.join().await;
+    }
 
     #[test]
     fn percent_decoding_handles_escapes_and_leaves_the_rest() {
