@@ -23,71 +23,62 @@ use crate::tap::{ExchangeEnd, ExchangeObserver};
 pub(crate) struct Exchange {
     backend: Arc<Backend>,
     _in_flight: InFlight,
-    _turn: Option<SessionTurn>,
+    turn: Option<SessionTurn>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
     got_first_byte: bool,
     sse: bool,
     at_event_boundary: bool,
-    cache: Option<CacheReport>,
 }
 
 /// A turn of a session the table placed, in flight until dropped: the session counts in its
-/// backend's active context meanwhile, and its idle time starts when the turn ends.
+/// backend's active context meanwhile, and its idle time starts when the turn ends. When lost
+/// caches are judged, the turn also reads its response for the usage the backend reports and
+/// tells the session table whether that backend still held the session's cache.
 pub(crate) struct SessionTurn {
     session: SessionId,
     inner: Arc<Inner>,
+    /// The usage scan and `affinity.lost_cache_share`, when that is above 0.
+    cache: Option<(UsageScan, f64)>,
 }
 
 impl SessionTurn {
     /// The turn now going out for `session`, when the table placed one.
-    pub(crate) fn start(inner: &Arc<Inner>, session: Option<SessionId>) -> Option<Self> {
+    pub(crate) fn start(
+        inner: &Arc<Inner>,
+        pool: &Pool,
+        session: Option<SessionId>,
+    ) -> Option<Self> {
         let session = session?;
         inner.router.sessions.turn_started(session);
+        let lost_share = pool.affinity.lost_cache_share;
         Some(Self {
             session,
             inner: inner.clone(),
+            cache: (lost_share > 0.0).then(|| (UsageScan::default(), lost_share)),
         })
+    }
+
+    fn feed(&mut self, data: &[u8]) {
+        if let Some((scan, _)) = self.cache.as_mut() {
+            scan.feed(data);
+        }
+    }
+
+    /// The response ended complete on `backend`: the usage it reported goes to the table.
+    fn report(&mut self, backend: &Arc<Backend>) {
+        if let Some((scan, lost_share)) = self.cache.take() {
+            if let Some(usage) = scan.usage() {
+                let sessions = &self.inner.router.sessions;
+                sessions.report_cache(self.session, backend, usage, lost_share);
+            }
+        }
     }
 }
 
 impl Drop for SessionTurn {
     fn drop(&mut self) {
         self.inner.router.sessions.turn_ended(self.session);
-    }
-}
-
-/// Reads a session's response for the usage its backend reports, and tells the session table
-/// whether that backend still held the session's cache.
-pub(crate) struct CacheReport {
-    scan: UsageScan,
-    session: SessionId,
-    lost_share: f64,
-    inner: Arc<Inner>,
-}
-
-impl CacheReport {
-    /// For a request the session table placed, when lost caches are judged.
-    pub(crate) fn new(inner: &Arc<Inner>, pool: &Pool, session: Option<SessionId>) -> Option<Self> {
-        let lost_share = pool.affinity.lost_cache_share;
-        if lost_share <= 0.0 {
-            return None;
-        }
-        Some(Self {
-            scan: UsageScan::default(),
-            session: session?,
-            lost_share,
-            inner: inner.clone(),
-        })
-    }
-
-    fn report(self, backend: &Arc<Backend>) {
-        if let Some(usage) = self.scan.usage() {
-            self.inner
-                .router
-                .sessions
-                .report_cache(self.session, backend, usage, self.lost_share);
-        }
     }
 }
 
@@ -135,18 +126,16 @@ impl Exchange {
         observer: Option<Box<dyn ExchangeObserver>>,
         sent_at: Instant,
         sse: bool,
-        cache: Option<CacheReport>,
     ) -> Self {
         Self {
             backend,
             _in_flight: in_flight,
-            _turn: turn,
+            turn,
             observer,
             sent_at,
             got_first_byte: false,
             sse,
             at_event_boundary: true,
-            cache,
         }
     }
 
@@ -167,8 +156,8 @@ impl Exchange {
             &self.backend.metrics.latency,
             now.duration_since(self.sent_at),
         );
-        if let (ExchangeEnd::Complete, Some(cache)) = (&end, self.cache.take()) {
-            cache.report(&self.backend);
+        if let (ExchangeEnd::Complete, Some(turn)) = (&end, self.turn.as_mut()) {
+            turn.report(&self.backend);
         }
         if let Some(observer) = self.observer.take() {
             observer.end(end, now);
@@ -282,8 +271,8 @@ impl HttpBody for ObservedBody {
                     if exchange.sse && !data.is_empty() {
                         exchange.at_event_boundary = data.ends_with(b"\n\n");
                     }
-                    if let Some(cache) = exchange.cache.as_mut() {
-                        cache.scan.feed(data);
+                    if let Some(turn) = exchange.turn.as_mut() {
+                        turn.feed(data);
                     }
                     if let Some(observer) = exchange.observer.as_mut() {
                         observer.response_frame(data, Instant::now());

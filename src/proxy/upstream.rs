@@ -22,7 +22,7 @@ use super::forwarded::{forward_headers, ClientConn};
 use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{ClientTimeout, ErrorKind, RetryReason};
-use super::observed::{CacheReport, Exchange, ObservedBody, SessionTurn};
+use super::observed::{Exchange, ObservedBody, SessionTurn};
 use super::pool::{PoolError, UpstreamRequest, UpstreamResponse};
 use super::routing::{
     fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
@@ -355,7 +355,7 @@ async fn forward_held(
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = Duration::ZERO;
 
-    let (backend, in_flight, turn, response, sent_at, session) = loop {
+    let (backend, in_flight, turn, response, sent_at) = loop {
         let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
             return refuse(
                 inner,
@@ -377,15 +377,13 @@ async fn forward_held(
             body,
             declare_length,
         };
-        let turn = SessionTurn::start(inner, decision.session);
+        let turn = SessionTurn::start(inner, &pool, decision.session);
         let attempt = Counted {
             in_flight: Some(InFlight::new(backend.clone())),
             send: upstream_pool.send(&backend.url, request),
         };
         match attempt.await {
-            (Ok(resp), in_flight) => {
-                break (backend, in_flight, turn, resp, sent_at, decision.session)
-            }
+            (Ok(resp), in_flight) => break (backend, in_flight, turn, resp, sent_at),
             (Err(PoolError::Request(e)), _) => {
                 return refuse(inner, StatusCode::BAD_REQUEST, "invalid_request_error", &e);
             }
@@ -457,8 +455,7 @@ async fn forward_held(
         pending = incoming.frame().await;
     }
     let empty = pending.is_none() && incoming.is_end_stream();
-    let cache = CacheReport::new(inner, &pool, session);
-    let exchange = Exchange::new(backend, in_flight, turn, observer, sent_at, sse, cache);
+    let exchange = Exchange::new(backend, in_flight, turn, observer, sent_at, sse);
     let mut observed = ObservedBody::new(incoming, pending, exchange);
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
