@@ -24,7 +24,13 @@ pub(crate) fn hash64(seed: u64, bytes: &[u8]) -> u64 {
 /// backend a share proportional to its weight.
 #[inline]
 pub(crate) fn rendezvous_score(key_hash: u64, backend_seed: u64, weight: f64) -> f64 {
-    let h = avalanche(key_hash ^ backend_seed);
-    let u = ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let u = (rendezvous_draw(key_hash, backend_seed) as f64 + 0.5) / (1u64 << 53) as f64;
     -weight / u.ln()
+}
+
+/// The 53 bits `u` of [`rendezvous_score`] is drawn from. Among backends of one weight the
+/// score grows with `u`, so these rank them as the scores do, without a logarithm.
+#[inline]
+pub(crate) fn rendezvous_draw(key_hash: u64, backend_seed: u64) -> u64 {
+    avalanche(key_hash ^ backend_seed) >> 11
 }

@@ -1,6 +1,7 @@
 //! The session key of a request, and what its body says about the turn it carries.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use http::{HeaderName, Method};
 
@@ -55,6 +56,10 @@ pub(crate) struct TurnScan {
     seam: Vec<u8>,
 }
 
+/// Built once: building a searcher costs more than scanning a small body with it.
+static ASSISTANT: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(TurnScan::NEEDLE));
+
 impl TurnScan {
     /// Only a JSON string that is exactly `assistant` has both quotes unescaped.
     const NEEDLE: &'static [u8] = b"\"assistant\"";
@@ -68,9 +73,7 @@ impl TurnScan {
         }
         let keep = Self::KEEP;
         self.seam.extend_from_slice(&part[..part.len().min(keep)]);
-        if memchr::memmem::find(&self.seam, Self::NEEDLE).is_some()
-            || memchr::memmem::find(part, Self::NEEDLE).is_some()
-        {
+        if ASSISTANT.find(&self.seam).is_some() || ASSISTANT.find(part).is_some() {
             self.turn.continues = true;
             self.seam = Vec::new();
             return;

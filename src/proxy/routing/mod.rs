@@ -38,7 +38,8 @@ use serde::Serialize;
 use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
 use super::metrics::BackendMetrics;
 
-pub(crate) use hash::{hash64, rendezvous_score};
+pub(crate) use hash::hash64;
+use hash::{rendezvous_draw, rendezvous_score};
 pub(crate) use key::{
     fingerprint_applies, fingerprint_key, header_key, session_key, SessionKey, Turn, TurnScan,
 };
@@ -220,11 +221,29 @@ impl Pool {
         self.backends.iter().position(|b| Arc::ptr_eq(b, backend))
     }
 
+    /// The rendezvous scores of `key_hash`, or values in the same order: with every weight
+    /// equal, the draws the scores come from (exact in an `f64`), which saves a logarithm
+    /// per backend and request.
+    fn scorer(&self) -> impl Fn(u64, &Backend) -> f64 {
+        let equal = self
+            .backends
+            .windows(2)
+            .all(|pair| pair[0].weight == pair[1].weight);
+        move |key_hash, b| {
+            if equal {
+                rendezvous_draw(key_hash, b.seed) as f64
+            } else {
+                rendezvous_score(key_hash, b.seed, b.weight)
+            }
+        }
+    }
+
     /// The first entry of [`Pool::ranking`], without ranking the rest.
     pub(crate) fn first_choice(&self, key_hash: u64) -> usize {
+        let score_of = self.scorer();
         let mut best: Option<(f64, usize)> = None;
         for (i, b) in self.backends.iter().enumerate() {
-            let score = rendezvous_score(key_hash, b.seed, b.weight);
+            let score = score_of(key_hash, b);
             let better = best.is_none_or(|(s, j)| {
                 score
                     .total_cmp(&s)
@@ -240,11 +259,12 @@ impl Pool {
 
     /// Backend indices by descending rendezvous score for `key_hash`.
     pub(crate) fn ranking(&self, key_hash: u64) -> Vec<usize> {
+        let score_of = self.scorer();
         let mut scored: Vec<(f64, usize)> = self
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| (rendezvous_score(key_hash, b.seed, b.weight), i))
+            .map(|(i, b)| (score_of(key_hash, b), i))
             .collect();
         scored.sort_unstable_by(|a, b| {
             b.0.total_cmp(&a.0)

@@ -119,6 +119,26 @@ fn first_choice_is_the_head_of_the_ranking() {
     }
 }
 
+/// With equal weights the ranking skips the logarithm; it must still be the order of the
+/// published scores, so another implementation reproduces every placement.
+#[test]
+fn equal_weights_rank_in_the_order_of_the_published_scores() {
+    let pool = pool_of(&["a", "b", "c", "d", "e", "f", "g", "h"], 0.0);
+    for k in 0..5_000 {
+        let h = hash64(0, format!("key-{k}").as_bytes());
+        let mut by_score: Vec<usize> = (0..pool.backends.len()).collect();
+        by_score.sort_by(|&x, &y| {
+            let score = |i: usize| {
+                let b = &pool.backends[i];
+                rendezvous_score(h, b.seed, b.weight)
+            };
+            score(y).total_cmp(&score(x))
+        });
+        assert_eq!(pool.ranking(h), by_score, "key-{k}");
+        assert_eq!(pool.first_choice(h), by_score[0], "key-{k}");
+    }
+}
+
 /// 10,000 random keys over 4 equal backends land within ±10% of 2,500 each.
 #[test]
 fn random_keys_spread_evenly() {

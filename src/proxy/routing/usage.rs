@@ -5,7 +5,9 @@
 //! far less of its prompt from cache than the previous turn's prompt has lost that cache: the
 //! session may then move to a backend holding less, at no cost to its own prefill.
 
-use memchr::memmem;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 /// Bytes of the previous frame kept so that a key cut by a frame boundary is still found:
 /// longer than a key, its separator and a number.
@@ -31,6 +33,9 @@ pub(crate) struct UsageScan {
 
 const PROMPT_KEY: &[u8] = b"\"prompt_tokens\"";
 const CACHED_KEY: &[u8] = b"\"cached_tokens\"";
+/// Built once: building a searcher costs more than scanning a small body with it.
+static PROMPT_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(PROMPT_KEY));
+static CACHED_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(CACHED_KEY));
 
 impl UsageScan {
     /// Reads one more body frame.
@@ -69,12 +74,12 @@ impl UsageScan {
         if memchr::memchr(b'_', text).is_none() {
             return;
         }
-        for at in memmem::find_iter(text, PROMPT_KEY) {
+        for at in PROMPT_FINDER.find_iter(text) {
             if let Some(n) = number_after(&text[at + PROMPT_KEY.len()..]) {
                 self.prompt = Some(n);
             }
         }
-        for at in memmem::find_iter(text, CACHED_KEY) {
+        for at in CACHED_FINDER.find_iter(text) {
             if let Some(n) = number_after(&text[at + CACHED_KEY.len()..]) {
                 self.cached = Some(n);
             }
