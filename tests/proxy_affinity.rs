@@ -8,6 +8,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use support::backends::*;
 
@@ -322,6 +323,68 @@ async fn reload_that_changes_max_sessions_keeps_every_bound_session() {
         config.affinity.max_sessions = max_sessions;
         proxy.handle().reload(config).unwrap();
         check(format!("after a reload to max_sessions = {max_sessions}")).await;
+    }
+    proxy.shutdown().await;
+}
+
+/// The active context the proxy counts on its only backend, from `/metrics`.
+async fn active_context(proxy: &TestProxy) -> f64 {
+    support::sim::metric(
+        &proxy.metrics().await,
+        "agentrace_backend_active_context_bytes",
+    )
+}
+
+/// A session counts in its backend's active context while a turn is in flight, however much
+/// longer than `affinity.active_secs` the turn runs, and leaves it once a window has passed
+/// after the turn ended: the forwarding path marks each turn's start and end in the table.
+#[tokio::test]
+async fn a_turn_in_flight_holds_its_context_past_the_active_window_until_it_ends() {
+    let slow = TestBackend::spawn_with(
+        "slow",
+        Mode::Sse {
+            events: 1,
+            gated: true,
+            cut_after: None,
+        },
+    )
+    .await;
+    let mut config = config_for(&[&slow]);
+    config.affinity.active_secs = 0.2;
+    let proxy = start_proxy(config).await;
+    let client = client();
+    let body = chat_body("long-turn", 0);
+    let bytes = body.len() as f64;
+    let mut resp = send(
+        &client,
+        "POST",
+        &proxy.url("/v1/chat/completions"),
+        &[
+            ("x-session-id", "long-turn"),
+            ("content-type", "application/json"),
+        ],
+        body,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+
+    // The response has begun and is held: let five active windows pass.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        active_context(&proxy).await,
+        bytes,
+        "a turn in flight for 5 windows still counts its request on the backend"
+    );
+
+    slow.release(1);
+    while next_data(resp.body_mut()).await.is_some() {}
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while active_context(&proxy).await != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ended turn's session still counts 10 s after a 0.2 s window"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     proxy.shutdown().await;
 }

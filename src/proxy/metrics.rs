@@ -216,6 +216,7 @@ pub(crate) struct BackendMetrics {
     healthy: Gauge,
     draining: Gauge,
     sessions: Gauge,
+    active_context: Gauge,
 }
 
 impl std::fmt::Debug for BackendMetrics {
@@ -390,6 +391,8 @@ impl ProxyMetrics {
             healthy: r.register_gauge(&key("agentrace_backend_healthy", l()), &META),
             draining: r.register_gauge(&key("agentrace_backend_draining", l()), &META),
             sessions: r.register_gauge(&key("agentrace_backend_sessions", l()), &META),
+            active_context: r
+                .register_gauge(&key("agentrace_backend_active_context_bytes", l()), &META),
             name,
         }
     }
@@ -488,6 +491,8 @@ impl ProxyMetrics {
         sessions: &SessionTable,
         capture: Option<RecorderStats>,
     ) -> String {
+        // Takes sessions past their active window out first, so the active context is current.
+        sessions.sweep();
         for b in &pool.backends {
             let m = &b.metrics;
             m.in_flight.set(b.in_flight.load(Ordering::Relaxed) as f64);
@@ -497,6 +502,8 @@ impl ProxyMetrics {
                 .set(f64::from(u8::from(b.draining.load(Ordering::Relaxed))));
             m.sessions
                 .set(b.sessions.load(Ordering::Relaxed).max(0) as f64);
+            m.active_context
+                .set(b.active_bytes.load(Ordering::Relaxed).max(0) as f64);
         }
         self.bound_sessions.set(sessions.bound() as f64);
         self.sessions.set(sessions.len() as f64);
@@ -633,6 +640,11 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_backend_sessions",
         "Sessions the session table places on the backend.",
+        1,
+    );
+    d(
+        "agentrace_backend_active_context_bytes",
+        "Request bytes of the sessions on the backend with a turn in flight or ended within affinity.active_secs: what new sessions are placed by.",
         1,
     );
     d(
