@@ -94,7 +94,10 @@ fn parse_args() -> Args {
                 a.rates = value()
                     .split(',')
                     .filter(|s| !s.is_empty())
-                    .map(|s| s.parse().expect("--rates"))
+                    .map(|s| match s.parse::<f64>() {
+                        Ok(rate) if rate > 0.0 && rate.is_finite() => rate,
+                        _ => panic!("--rates: expected request rates above 0, got {s:?}"),
+                    })
                     .collect()
             }
             "--only" => a.only = Some(value().split(',').map(str::to_string).collect()),

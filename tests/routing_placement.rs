@@ -131,3 +131,46 @@ async fn sessions_whose_cache_was_evicted_move_where_less_is_held() {
         "moving lost caches {moved:.3} should beat staying {stay:.3} by 0.2"
     );
 }
+
+/// Bounded load needs each backend's KV cache size: the proxy reads it from every replica's
+/// `/metrics` (`vllm:cache_config_info`, blocks × block size) after a good health probe, and
+/// shows it per backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_backends_kv_cache_size_is_read_from_its_metrics() {
+    let mut config = test_config();
+    config.engine.num_gpu_blocks = 200;
+    let tokens = (config.engine.num_gpu_blocks * config.engine.block_size) as u64;
+    let sim = Sim::start(config, REPLICAS);
+    let mut proxy_config = proxy_config(&sim, "");
+    proxy_config.health.interval_ms = 200;
+    proxy_config.health.timeout_ms = 200;
+    let proxy = start_proxy(proxy_config).await;
+    let client = client();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, _, body) =
+            fetch(&client, "GET", &proxy.admin_url("/admin/backends"), &[], "").await;
+        assert_eq!(status, 200);
+        let view: Value = serde_json::from_slice(&body).unwrap();
+        let sizes: Vec<u64> = view["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["kv_cache_tokens"].as_u64().unwrap())
+            .collect();
+        if sizes.iter().all(|&s| s == tokens) {
+            break;
+        }
+        assert!(
+            sizes.iter().all(|&s| s == 0 || s == tokens),
+            "read {sizes:?}, the replicas hold {tokens} tokens each"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after 10 s the proxy knows {sizes:?} of {tokens} tokens each"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    proxy.shutdown().await;
+    sim.stop().await;
+}

@@ -301,6 +301,9 @@ fn backend_json(b: &super::routing::Backend) -> serde_json::Value {
         "draining": b.draining.load(Ordering::Relaxed),
         "in_flight": b.in_flight.load(Ordering::Relaxed),
         "sessions": b.sessions.load(Ordering::Relaxed).max(0),
+        "active_context_bytes": b.active_bytes.load(Ordering::Relaxed).max(0),
+        // 0 until the backend's /metrics states it.
+        "kv_cache_tokens": b.kv_cache_tokens.load(Ordering::Relaxed),
     })
 }
 

@@ -287,6 +287,11 @@ pub struct AffinityConfig {
     /// prompt tokens as cached has lost its cache there; the session's next turn moves to the
     /// backend holding the least active context, if that holds less (0 turns this off).
     pub lost_cache_share: f64,
+    /// Each backend's KV cache in tokens (a backend of weight `w` holds `w` times this), or 0
+    /// when unknown. Known, a session with a cache spills for the in-flight bound only off a
+    /// backend whose active context is over it: a spill costs the session its cache, and a
+    /// backend that holds its sessions' contexts drains its queue.
+    pub kv_cache_tokens: u64,
 }
 
 /// Active checks with hysteresis, and passive ejection.
@@ -432,6 +437,7 @@ impl Default for AffinityConfig {
             choices: 3,
             active_secs: 20.0,
             lost_cache_share: 0.5,
+            kv_cache_tokens: 0,
         }
     }
 }

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
 use http::{Method, StatusCode};
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, Limited};
 
-use super::config::HealthConfig;
+use super::capacity;
+use super::config::{BackendUrl, HealthConfig};
 use super::fields::OutboundFields;
 use super::held_body::HeldBody;
 use super::metrics::ErrorKind;
-use super::pool::{UpstreamRequest, WorkerPool};
+use super::pool::{PoolError, UpstreamRequest, UpstreamResponse, WorkerPool};
 use super::routing::{Backend, HealthCounters};
 use super::Inner;
 use crate::http1::WireFields;
@@ -63,16 +64,7 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
             .path
             .parse()
             .map_err(|e| format!("bad probe path {}: {e}", cfg.path))?;
-        let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
-        let req = UpstreamRequest {
-            method: &Method::GET,
-            path_and_query: &path,
-            headers: &headers,
-            body: &HeldBody::default(),
-            declare_length: false,
-        };
-        let resp = connections
-            .send(&backend.url, req)
+        let resp = get(connections, &backend.url, &path)
             .await
             .map_err(|e| e.to_string())?;
         // Read the small body so the connection can be reused.
@@ -87,7 +79,54 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {} ms", cfg.timeout_ms)),
     };
+    let healthy = outcome.is_ok();
     record_probe(&backend, outcome, cfg);
+    // Apart from the probe, so a slow `/metrics` never fails one.
+    if healthy && !backend.kv_cache_asked.load(Ordering::Relaxed) {
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let _ = tokio::time::timeout(timeout, learn_kv_cache(connections, &backend)).await;
+    }
+}
+
+/// `GET path` on a backend, with no header of a client's.
+async fn get(
+    connections: &Arc<WorkerPool>,
+    url: &BackendUrl,
+    path: &PathAndQuery,
+) -> Result<UpstreamResponse, PoolError> {
+    let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
+    let req = UpstreamRequest {
+        method: &Method::GET,
+        path_and_query: path,
+        headers: &headers,
+        body: &HeldBody::default(),
+        declare_length: false,
+    };
+    connections.send(url, req).await
+}
+
+/// Reads the size of a healthy backend's KV cache from its `/metrics`, once it answers there.
+async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend) {
+    let path = PathAndQuery::from_static("/metrics");
+    let Ok(resp) = get(connections, &backend.url, &path).await else {
+        return;
+    };
+    let ok = resp.status.is_success();
+    let Ok(body) = Limited::new(resp.body, capacity::MAX_METRICS_BYTES)
+        .collect()
+        .await
+    else {
+        return;
+    };
+    if !ok {
+        return;
+    }
+    backend.kv_cache_asked.store(true, Ordering::Relaxed);
+    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+    if let Some(tokens) = capacity::kv_cache_tokens(&text) {
+        backend.kv_cache_tokens.store(tokens, Ordering::Relaxed);
+        tracing::info!(backend = %backend.name, tokens, "KV cache size read from /metrics");
+    }
 }
 
 /// Applies one probe result with hysteresis.

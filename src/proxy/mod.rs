@@ -11,6 +11,7 @@
 pub(crate) mod admin;
 pub(crate) mod arrival;
 pub(crate) mod budget;
+pub(crate) mod capacity;
 pub(crate) mod cli;
 pub mod config;
 pub(crate) mod fields;

@@ -93,6 +93,10 @@ pub(crate) struct Backend {
     /// one ended within the active window: the context this backend must hold for its live
     /// sessions.
     pub active_bytes: AtomicI64,
+    /// Its KV cache in tokens, as its `/metrics` stated it (0 until then, or if it does not).
+    pub kv_cache_tokens: AtomicU64,
+    /// Its `/metrics` answered (whether or not it stated a cache size): not asked again.
+    pub kv_cache_asked: AtomicBool,
     /// Takes new requests only while healthy.
     pub healthy: AtomicBool,
     /// Draining: known sessions continue here, new sessions go elsewhere.
@@ -128,6 +132,8 @@ impl Backend {
             in_flight: AtomicU64::new(0),
             sessions: AtomicI64::new(0),
             active_bytes: AtomicI64::new(0),
+            kv_cache_tokens: AtomicU64::new(0),
+            kv_cache_asked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             health: Mutex::new(HealthCounters::default()),
@@ -179,6 +185,8 @@ pub(crate) struct AffinitySettings {
     /// Below this share of the previous prompt served from cache, a session's cache counts as
     /// lost on its backend (0: never judged).
     pub lost_cache_share: f64,
+    /// `affinity.kv_cache_tokens` (0: unknown).
+    pub kv_cache_tokens: u64,
 }
 
 impl AffinitySettings {
@@ -196,6 +204,7 @@ impl AffinitySettings {
             context_factor: c.context_factor,
             choices: c.choices,
             lost_cache_share: c.lost_cache_share,
+            kv_cache_tokens: c.kv_cache_tokens,
         }
     }
 }
@@ -487,8 +496,10 @@ impl Router {
             }
         };
 
+        // A session with no cache anywhere yet spills for the queue alone.
+        let cached = known.is_some() || key.turn.continues;
         if let Some(limit) = load_limit(pool) {
-            if pool.backends[index].load() + 1 > limit {
+            if pool.backends[index].load() + 1 > limit && (!cached || over_memory(pool, index)) {
                 let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
                 if let Some(i) = ranked.iter().copied().find(|&i| {
                     i != index && Self::usable(pool, i, tried) && pool.backends[i].load() < limit
@@ -567,6 +578,21 @@ fn starting_backend(pool: &Pool, ranked: &[usize], bytes: u64) -> usize {
         }
     }
     best.1
+}
+
+/// Request bytes per token, to read the active context (body bytes) in tokens: about what
+/// English text and JSON take, and what the simulator counts.
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Whether backend `i` holds more active context than its KV cache: `affinity.kv_cache_tokens`
+/// when set, else what its `/metrics` stated; always, when neither says.
+fn over_memory(pool: &Pool, i: usize) -> bool {
+    let b = &pool.backends[i];
+    let kv = match pool.affinity.kv_cache_tokens {
+        0 => b.kv_cache_tokens.load(Ordering::Relaxed) as f64,
+        set => set as f64 * b.weight,
+    };
+    kv <= 0.0 || b.active_bytes.load(Ordering::Relaxed).max(0) as f64 > kv * BYTES_PER_TOKEN as f64
 }
 
 /// The most requests a backend may have in flight before a session spills to its next choice:

@@ -31,6 +31,7 @@ fn pool_of(names: &[&str], load_factor: f64) -> Pool {
             context_factor: 0.0,
             choices: 1,
             lost_cache_share: 0.5,
+            kv_cache_tokens: 0,
         },
         health: HealthConfig::default(),
     }
@@ -742,4 +743,49 @@ fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
     pool.backends[0].hold(50_000);
     lose(&r, &key, &pool.backends[0]);
     assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
+}
+
+/// Over the in-flight bound, a session with a cache spills only off a backend holding more
+/// active context than its KV cache, whether `kv_cache_tokens` sets it or the backend's
+/// `/metrics` stated it: one that holds its sessions drains its queue at less cost than a
+/// prefill elsewhere. A first turn, with no cache to lose, spills for the queue alone.
+#[test]
+fn a_cached_session_spills_only_off_a_backend_over_its_kv_cache() {
+    for configured in [true, false] {
+        let mut pool = pool_of(&["a", "b", "c", "d"], 1.5);
+        if configured {
+            pool.affinity.kv_cache_tokens = 1_000;
+        } else {
+            for b in &pool.backends {
+                b.kv_cache_tokens.store(1_000, Ordering::Relaxed);
+            }
+        }
+        let r = router(pool);
+        let pool = r.pool();
+        let key = key_homed_on(&pool, 0, "cached");
+        assert_eq!(route_turn(&r, &key, FIRST_TURN).index, 0);
+        pool.backends[0].in_flight.store(10, Ordering::Relaxed);
+
+        let d = route_turn(&r, &key, LATER_TURN);
+        assert_eq!(
+            (d.index, d.outcome),
+            (0, Outcome::Hash),
+            "within its KV cache (configured: {configured})"
+        );
+
+        let fresh = key_homed_on(&pool, 0, "fresh");
+        let d = route_turn(&r, &fresh, FIRST_TURN);
+        assert_eq!(d.outcome, Outcome::Spill, "a first turn spills");
+        assert_ne!(d.index, 0);
+
+        // 1,000 tokens of 4 bytes, and this session's own request past it.
+        pool.backends[0].hold(4_000);
+        let d = route_turn(&r, &key, LATER_TURN);
+        assert_eq!(
+            d.outcome,
+            Outcome::Spill,
+            "over its KV cache (configured: {configured})"
+        );
+        assert_ne!(d.index, 0);
+    }
 }
