@@ -241,8 +241,20 @@ async fn bounded_load_spills_then_the_session_sticks() {
     for mut resp in open {
         while next_data(resp.body_mut()).await.is_some() {}
     }
-    let backends = admin_json(&client, &proxy, "/admin/backends").await;
-    assert_eq!(backends["backends"][0]["in_flight"], 0, "{backends}");
+    // The proxy counts a response out just after writing its end; the client may read that
+    // end a moment before.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let backends = admin_json(&client, &proxy, "/admin/backends").await;
+        if backends["backends"][0]["in_flight"] == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still in flight 10 s after the streams ended: {backends}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(placement(&client, &proxy, spilled_key).await, "cool");
     let view = admin_json(&client, &proxy, &format!("/admin/sessions/{spilled_key}")).await;
     assert_eq!(view["known"]["last_outcome"], "bound", "{view}");
@@ -387,4 +399,29 @@ async fn a_turn_in_flight_holds_its_context_past_the_active_window_until_it_ends
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     proxy.shutdown().await;
+}
+
+/// A backend whose `/metrics` states no KV cache size (a chat completion on every path) or has
+/// none (404) is asked once, not on every health probe.
+#[tokio::test]
+async fn a_backend_without_a_kv_cache_size_is_asked_for_it_once() {
+    for mode in [Mode::Json, Mode::Status(404)] {
+        let plain = TestBackend::spawn_with("plain", mode.clone()).await;
+        let mut config = config_for(&[&plain]);
+        config.health.interval_ms = 20;
+        config.health.timeout_ms = 20;
+        let proxy = start_proxy(config).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while plain.probes() < 10 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "10 probes did not come in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(plain.hits(), 1, "{mode:?}: requests other than probes");
+        let backends = admin_json(&client(), &proxy, "/admin/backends").await;
+        assert_eq!(backends["backends"][0]["kv_cache_tokens"], 0, "{backends}");
+        proxy.shutdown().await;
+    }
 }

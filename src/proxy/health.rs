@@ -111,17 +111,20 @@ async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend) {
     let Ok(resp) = get(connections, &backend.url, &path).await else {
         return;
     };
-    let ok = resp.status.is_success();
+    if resp.status.is_server_error() {
+        return;
+    }
+    // Any other answer settles it, whether or not it states a size.
+    backend.kv_cache_asked.store(true, Ordering::Relaxed);
+    if !resp.status.is_success() {
+        return;
+    }
     let Ok(body) = Limited::new(resp.body, capacity::MAX_METRICS_BYTES)
         .collect()
         .await
     else {
         return;
     };
-    if !ok {
-        return;
-    }
-    backend.kv_cache_asked.store(true, Ordering::Relaxed);
     let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
     if let Some(tokens) = capacity::kv_cache_tokens(&text) {
         backend.kv_cache_tokens.store(tokens, Ordering::Relaxed);

@@ -95,7 +95,8 @@ pub(crate) struct Backend {
     pub active_bytes: AtomicI64,
     /// Its KV cache in tokens, as its `/metrics` stated it (0 until then, or if it does not).
     pub kv_cache_tokens: AtomicU64,
-    /// Its `/metrics` answered (whether or not it stated a cache size): not asked again.
+    /// Its `/metrics` gave an answer other than a 5xx (stating a cache size or not): not
+    /// asked again.
     pub kv_cache_asked: AtomicBool,
     /// Takes new requests only while healthy.
     pub healthy: AtomicBool,
