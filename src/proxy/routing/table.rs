@@ -116,6 +116,22 @@ pub(crate) struct SessionTable {
     bound: AtomicI64,
 }
 
+/// Marks `e` (the entry of `id`) used at `now`: it moves to the end of `order`, the most
+/// recently used.
+fn use_now(
+    order: &mut BTreeMap<u64, (SessionId, Instant)>,
+    next_seq: &mut u64,
+    id: SessionId,
+    e: &mut Entry,
+    now: Instant,
+) {
+    order.remove(&e.seq);
+    e.seq = *next_seq;
+    *next_seq += 1;
+    e.last_used = now;
+    order.insert(e.seq, (id, now));
+}
+
 /// Shards used for a table of at most `max_sessions`.
 fn shards_for(max_sessions: usize) -> usize {
     if max_sessions >= SHARDS * 1024 {
@@ -292,11 +308,7 @@ impl SessionTable {
             return;
         };
         e.turns = e.turns.saturating_sub(1);
-        order.remove(&e.seq);
-        e.seq = *next_seq;
-        *next_seq += 1;
-        e.last_used = now;
-        order.insert(e.seq, (id, now));
+        use_now(order, next_seq, id, e, now);
         if !e.active {
             e.active = true;
             e.backend.hold(e.bytes);
@@ -321,11 +333,9 @@ impl SessionTable {
             next_seq,
             ..
         } = &mut *guard;
-        let seq = *next_seq;
-        *next_seq += 1;
         match map.get_mut(&id) {
             Some(e) => {
-                order.remove(&e.seq);
+                use_now(order, next_seq, id, e, now);
                 if e.active {
                     e.backend.release(e.bytes);
                 }
@@ -345,11 +355,10 @@ impl SessionTable {
                     e.pinned = pinned;
                 }
                 e.outcome = outcome;
-                e.seq = seq;
-                e.last_used = now;
-                order.insert(seq, (id, now));
             }
             None => {
+                let seq = *next_seq;
+                *next_seq += 1;
                 backend.sessions.fetch_add(1, Ordering::Relaxed);
                 backend.hold(bytes);
                 if pinned {
