@@ -226,6 +226,27 @@ impl H1Conn {
         matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
+    /// [`H1Conn::still_open`] without a system call when the runtime has seen nothing arrive
+    /// on the connection since it was last read to the end: what arrives while a worker runs
+    /// is reported at its next turn of the reactor, within microseconds under load and at once
+    /// when idle. Only a connection the runtime marks readable is peeked at, so the common
+    /// case, a quiet connection, costs no `recv` that fails with `EAGAIN`. A close that lands
+    /// after the reactor's last turn is a close that crosses the request (see [`PoolError`]).
+    fn seems_open(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let tcp = match &self.io {
+            BackendStream::Plain(tcp) => tcp,
+            BackendStream::Tls(tls) => tls.get_ref().0,
+        };
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let peeked = tcp.try_io(tokio::io::Interest::READABLE, || {
+            socket2::SockRef::from(tcp).peek(&mut probe)
+        });
+        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
     async fn read_more(&mut self) -> std::io::Result<usize> {
         http1::read_some(&mut self.io, &mut self.buf).await
     }
@@ -355,7 +376,9 @@ impl WorkerPool {
         loop {
             let sender = match (!fresh_only).then(|| self.check_out(&key)).flatten() {
                 Some(sender) => sender,
-                None => self.connect(&key, backend).await?,
+                // Boxed: the handshakes' state is most of this future's size, and every
+                // request would otherwise move it, though most reuse a connection.
+                None => Box::pin(self.connect(&key, backend)).await?,
             };
             match sender {
                 Sender::H2(send) => return self.send_h2(send, &key, backend, &req).await,
@@ -519,7 +542,7 @@ impl WorkerPool {
         }
         let now = Instant::now();
         while let Some(mut idle) = slot.idle.pop() {
-            if now.duration_since(idle.since) <= self.idle_timeout && idle.conn.still_open() {
+            if now.duration_since(idle.since) <= self.idle_timeout && idle.conn.seems_open() {
                 return Some(Sender::H1 {
                     conn: idle.conn,
                     reused: true,
