@@ -22,6 +22,7 @@
 
 mod hash;
 mod key;
+mod order;
 mod table;
 #[cfg(test)]
 mod tests;

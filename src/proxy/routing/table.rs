@@ -1,7 +1,7 @@
 //! The session table: where each remembered session is, and how much context each backend's
 //! recently active sessions make it hold.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::key::SessionKey;
+use super::order::{Use, UseOrder};
 use super::usage::CacheUsage;
 use super::{Backend, Outcome};
 
@@ -76,9 +77,8 @@ pub(crate) struct Known {
 struct Shard {
     /// Seeded per process, and several times cheaper than SipHash (the ids are keyed already).
     map: HashMap<SessionId, Entry, foldhash::fast::RandomState>,
-    /// Entries by last use, with the id and that last use: the first is the least recently
-    /// used (and the idlest), checked without a lookup in `map`.
-    order: BTreeMap<u64, (SessionId, Instant)>,
+    /// Entries by last use: the first live one is the least recently used (and the idlest).
+    order: UseOrder,
     next_seq: u64,
     /// Entries with a lower `seq` are no longer active: the idle walk resumes here.
     active_from: u64,
@@ -118,18 +118,34 @@ pub(crate) struct SessionTable {
 
 /// Marks `e` (the entry of `id`) used at `now`: it moves to the end of `order`, the most
 /// recently used.
-fn use_now(
-    order: &mut BTreeMap<u64, (SessionId, Instant)>,
-    next_seq: &mut u64,
-    id: SessionId,
-    e: &mut Entry,
-    now: Instant,
-) {
-    order.remove(&e.seq);
+fn use_now(order: &mut UseOrder, next_seq: &mut u64, id: SessionId, e: &mut Entry, now: Instant) {
     e.seq = *next_seq;
     *next_seq += 1;
     e.last_used = now;
-    order.insert(e.seq, (id, now));
+    order.push(Use {
+        seq: e.seq,
+        id,
+        at: now,
+    });
+}
+
+/// Whether `used` is its session's latest use, not a stale mark.
+fn is_live(map: &HashMap<SessionId, Entry, foldhash::fast::RandomState>, used: &Use) -> bool {
+    map.get(&used.id).is_some_and(|e| e.seq == used.seq)
+}
+
+impl Shard {
+    /// The least recently used entry's last use.
+    fn oldest(&mut self) -> Option<Use> {
+        let map = &self.map;
+        self.order.oldest(|u| is_live(map, u))
+    }
+
+    /// Drops stale marks from `order` once they outnumber the entries.
+    fn compact(&mut self) {
+        let map = &self.map;
+        self.order.compact(map.len(), |u| is_live(map, u));
+    }
 }
 
 /// Shards used for a table of at most `max_sessions`.
@@ -178,7 +194,11 @@ impl SessionTable {
                 let shard = &mut *guards[shard_index(id, n)];
                 entry.seq = shard.next_seq;
                 shard.next_seq += 1;
-                shard.order.insert(entry.seq, (id, entry.last_used));
+                shard.order.push(Use {
+                    seq: entry.seq,
+                    id,
+                    at: entry.last_used,
+                });
                 shard.map.insert(id, entry);
             }
             self.in_use.store(n, Ordering::Release);
@@ -186,10 +206,10 @@ impl SessionTable {
         let cap = (max_sessions / n).max(1);
         for shard in guards.iter_mut() {
             while shard.map.len() > cap {
-                let Some((&oldest, _)) = shard.order.first_key_value() else {
+                let Some(oldest) = shard.oldest() else {
                     break;
                 };
-                self.evict(shard, oldest);
+                self.evict(shard, oldest.id);
             }
         }
     }
@@ -228,8 +248,7 @@ impl SessionTable {
         let (mut shard, _) = self.lock(id);
         let entry = shard.map.get(&id)?;
         if entry.last_used.elapsed() > self.ttl() {
-            let seq = entry.seq;
-            self.evict(&mut shard, seq);
+            self.evict(&mut shard, id);
             return None;
         }
         Some(Known {
@@ -313,6 +332,7 @@ impl SessionTable {
             e.active = true;
             e.backend.hold(e.bytes);
         }
+        guard.compact();
     }
 
     /// Records a placement of a request of `bytes` and refreshes the session's last use.
@@ -379,18 +399,19 @@ impl SessionTable {
                         cache_lost: false,
                     },
                 );
-                order.insert(seq, (id, now));
+                order.push(Use { seq, id, at: now });
             }
         }
         // Make room and drop what has idled out, oldest first.
         let shard = &mut *guard;
-        while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
-            if shard.map.len() > cap || now.saturating_duration_since(last_used) > ttl {
-                self.evict(shard, oldest);
+        while let Some(oldest) = shard.oldest() {
+            if shard.map.len() > cap || now.saturating_duration_since(oldest.at) > ttl {
+                self.evict(shard, oldest.id);
             } else {
                 break;
             }
         }
+        shard.compact();
         self.deactivate_idle(shard, now);
     }
 
@@ -399,33 +420,32 @@ impl SessionTable {
     fn deactivate_idle(&self, shard: &mut Shard, now: Instant) {
         let window = Duration::from_millis(self.active_ms.load(Ordering::Relaxed));
         let mut from = shard.active_from;
-        for (&seq, &(id, last_used)) in shard.order.range(from..) {
-            if now.saturating_duration_since(last_used) <= window {
+        for used in shard.order.since(from) {
+            if now.saturating_duration_since(used.at) <= window {
                 break;
             }
             // A session with a turn in flight stays active; the turn's end re-enters it
-            // into this walk's order, past `from`.
-            if let Some(e) = shard.map.get_mut(&id) {
-                if e.active && e.turns == 0 {
+            // into this walk's order, past `from`. A stale mark has a later use past it.
+            if let Some(e) = shard.map.get_mut(&used.id) {
+                if e.seq == used.seq && e.active && e.turns == 0 {
                     e.active = false;
                     e.backend.release(e.bytes);
                 }
             }
-            from = seq + 1;
+            from = used.seq + 1;
         }
         shard.active_from = from;
     }
 
-    fn evict(&self, shard: &mut Shard, seq: u64) {
-        if let Some((k, _)) = shard.order.remove(&seq) {
-            if let Some(e) = shard.map.remove(&k) {
-                e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
-                if e.active {
-                    e.backend.release(e.bytes);
-                }
-                if e.pinned {
-                    self.bound.fetch_sub(1, Ordering::Relaxed);
-                }
+    /// Forgets the session `id`; its marks in `order` go stale.
+    fn evict(&self, shard: &mut Shard, id: SessionId) {
+        if let Some(e) = shard.map.remove(&id) {
+            e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
+            if e.active {
+                e.backend.release(e.bytes);
+            }
+            if e.pinned {
+                self.bound.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -436,11 +456,11 @@ impl SessionTable {
         let now = Instant::now();
         for shard in &self.shards {
             let mut shard = shard.lock();
-            while let Some((&oldest, &(_, last_used))) = shard.order.first_key_value() {
-                if now.saturating_duration_since(last_used) <= ttl {
+            while let Some(oldest) = shard.oldest() {
+                if now.saturating_duration_since(oldest.at) <= ttl {
                     break;
                 }
-                self.evict(&mut shard, oldest);
+                self.evict(&mut shard, oldest.id);
             }
             self.deactivate_idle(&mut shard, now);
         }
