@@ -33,7 +33,7 @@ impl Seen {
     pub(super) fn of(headers: &impl Fields) -> Self {
         let mut seen = Seen::default();
         for (name, _) in headers.pairs() {
-            let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+            let is = |known: &str| super::fields::same_name(name, known.as_bytes());
             match name.len() {
                 4 if is("host") => seen.hosts += 1,
                 10 if is("connection") => seen.connection = true,

@@ -4,7 +4,7 @@
 
 use http::header::{HeaderName, HeaderValue};
 
-use crate::http1::fields::{is_hop_by_hop, Fields, WireFields};
+use crate::http1::fields::{is_hop_by_hop, same_name, Fields, WireFields};
 
 /// The lengths of the hop-by-hop names, as [`OutboundFields`]' length filter holds them.
 const HOP_BY_HOP_LENGTHS: u64 = 1 << 2 | 1 << 7 | 1 << 10 | 1 << 16 | 1 << 17 | 1 << 18 | 1 << 19;
@@ -70,7 +70,7 @@ impl OutboundFields {
         if self.dropped_lengths & length_bit(name) == 0 {
             return true;
         }
-        let is = |other: &[u8]| name.eq_ignore_ascii_case(other);
+        let is = |other: &[u8]| same_name(name, other);
         !(is_hop_by_hop(name)
             || self.replaced.iter().any(|r| is(r.as_bytes()))
             || self.added.iter().any(|(a, _)| is(a.as_str().as_bytes()))

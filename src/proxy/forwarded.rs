@@ -10,7 +10,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::Uri;
 
 use super::fields::OutboundFields;
-use crate::http1::fields::{is_tchar, is_valid_host, put_quoted, quoted_len, text};
+use crate::http1::fields::{is_tchar, is_valid_host, put_quoted, quoted_len, same_name, text};
 use crate::http1::{Fields, WireFields};
 
 // Names built once: inserting by `&str` parses the name on every request.
@@ -71,7 +71,7 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
     // One pass over the names finds every field read below.
     let (mut xff, mut forwarded_prev, mut xfh, mut host) = (false, false, false, None);
     for (name, value) in h.pairs() {
-        let is = |known: &str| name.eq_ignore_ascii_case(known.as_bytes());
+        let is = |known: &str| same_name(name, known.as_bytes());
         match name.len() {
             4 if is("host") => host = host.or(Some(value)),
             9 if is("forwarded") => forwarded_prev = true,
