@@ -101,6 +101,7 @@ async fn get(
         headers: &headers,
         body: &HeldBody::default(),
         declare_length: false,
+        sent_at: tokio::time::Instant::now(),
     };
     connections.send(url, req).await
 }

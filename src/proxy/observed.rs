@@ -139,11 +139,12 @@ impl Exchange {
         }
     }
 
-    fn handed_on(self, end: ExchangeEnd) -> Ending {
+    /// The last item went to the connection at `at`.
+    fn handed_on(self, end: ExchangeEnd, at: Instant) -> Ending {
         Ending {
             exchange: Some(self),
             end: Some(end),
-            handed_on: Instant::now(),
+            handed_on: at,
         }
     }
 
@@ -260,12 +261,15 @@ impl HttpBody for ObservedBody {
         }
         match item {
             Some(Ok(frame)) => {
+                // One reading of the clock serves every use below.
+                let mut read = None;
+                let mut now = || *read.get_or_insert_with(Instant::now);
                 if let Some(data) = frame.data_ref() {
                     if !exchange.got_first_byte && !data.is_empty() {
                         exchange.got_first_byte = true;
                         BackendMetrics::observe(
                             &exchange.backend.metrics.ttfb,
-                            exchange.sent_at.elapsed(),
+                            now().duration_since(exchange.sent_at),
                         );
                     }
                     if exchange.sse && !data.is_empty() {
@@ -275,27 +279,28 @@ impl HttpBody for ObservedBody {
                         turn.feed(data);
                     }
                     if let Some(observer) = exchange.observer.as_mut() {
-                        observer.response_frame(data, Instant::now());
+                        observer.response_frame(data, now());
                     }
                 }
                 // A body of known length ends with its last byte: hyper stops polling there
                 // (it never asks for the `None`), so the exchange ends here.
                 if this.inner.is_end_stream() {
                     if let Some(exchange) = this.exchange.take() {
-                        *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
+                        *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete, now()));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             None => {
                 let exchange = this.exchange.take().expect("checked above");
+                let now = Instant::now();
                 if !exchange.got_first_byte {
                     BackendMetrics::observe(
                         &exchange.backend.metrics.ttfb,
-                        exchange.sent_at.elapsed(),
+                        now.duration_since(exchange.sent_at),
                     );
                 }
-                *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete));
+                *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete, now));
                 Poll::Ready(None)
             }
             Some(Err(e)) => {
@@ -311,10 +316,11 @@ impl HttpBody for ObservedBody {
                 );
                 if sse {
                     let event = sse_error_event(&message, boundary);
+                    let now = Instant::now();
                     if let Some(observer) = exchange.observer.as_mut() {
-                        observer.response_frame(&event, Instant::now());
+                        observer.response_frame(&event, now);
                     }
-                    *this.ending = Some(exchange.handed_on(ExchangeEnd::UpstreamError(cause)));
+                    *this.ending = Some(exchange.handed_on(ExchangeEnd::UpstreamError(cause), now));
                     Poll::Ready(Some(Ok(Frame::data(event))))
                 } else {
                     exchange.finish(ExchangeEnd::UpstreamError(cause));

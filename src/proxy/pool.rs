@@ -109,6 +109,8 @@ pub(crate) struct UpstreamRequest<'a> {
     pub body: &'a HeldBody,
     /// Whether to declare the body's length (the client sent a body, or said it had one).
     pub declare_length: bool,
+    /// When it goes out: idle connections are judged by it, without reading the clock again.
+    pub sent_at: Instant,
 }
 
 /// A backend's response head, its body still to stream from the connection.
@@ -374,7 +376,10 @@ impl WorkerPool {
         let key = Key(backend.origin.clone());
         let mut fresh_only = false;
         loop {
-            let sender = match (!fresh_only).then(|| self.check_out(&key)).flatten() {
+            let sender = match (!fresh_only)
+                .then(|| self.check_out(&key, req.sent_at))
+                .flatten()
+            {
                 Some(sender) => sender,
                 // Boxed: the handshakes' state is most of this future's size, and every
                 // request would otherwise move it, though most reuse a connection.
@@ -531,7 +536,7 @@ impl WorkerPool {
 
     /// The most recently used idle connection that is still open, or the backend's HTTP/2
     /// connection.
-    fn check_out(&self, key: &Key) -> Option<Sender> {
+    fn check_out(&self, key: &Key, now: Instant) -> Option<Sender> {
         let mut slots = self.slots.lock();
         let slot = slots.iter_mut().find(|(k, _)| k.is(key)).map(|(_, s)| s)?;
         if let Some(h2) = &slot.h2 {
@@ -540,9 +545,10 @@ impl WorkerPool {
             }
             slot.h2 = None;
         }
-        let now = Instant::now();
         while let Some(mut idle) = slot.idle.pop() {
-            if now.duration_since(idle.since) <= self.idle_timeout && idle.conn.seems_open() {
+            if now.saturating_duration_since(idle.since) <= self.idle_timeout
+                && idle.conn.seems_open()
+            {
                 return Some(Sender::H1 {
                     conn: idle.conn,
                     reused: true,

@@ -376,6 +376,7 @@ async fn forward_held(
             headers: &headers,
             body,
             declare_length,
+            sent_at,
         };
         let turn = SessionTurn::start(inner, &pool, decision.session);
         let attempt = Counted {

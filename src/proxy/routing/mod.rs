@@ -35,6 +35,7 @@ use std::time::Duration;
 use http::HeaderName;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
+use tokio::time::Instant;
 
 use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
 use super::metrics::BackendMetrics;
@@ -439,7 +440,8 @@ impl Router {
         // The full ranking is needed only when the first choice will not do.
         let mut ranking: Option<Vec<usize>> = None;
         let id = self.sessions.id(key);
-        let known = self.sessions.get(id).and_then(|k| {
+        let now = Instant::now();
+        let known = self.sessions.get_at(id, now).and_then(|k| {
             pool.index_of(&k.backend)
                 .map(|i| (i, k.pinned, k.cache_lost))
         });
@@ -514,12 +516,13 @@ impl Router {
 
         if commit {
             let pinned = index != plain;
-            self.sessions.put(
+            self.sessions.put_at(
                 id,
                 &pool.backends[index],
                 pinned,
                 outcome,
                 key.turn.context_bytes,
+                now,
             );
         }
         Some(Decision {

@@ -244,10 +244,16 @@ impl SessionTable {
     }
 
     /// Where the session is, unless unknown or idle past the TTL.
+    #[cfg(test)]
     pub(crate) fn get(&self, id: SessionId) -> Option<Known> {
+        self.get_at(id, Instant::now())
+    }
+
+    /// [`SessionTable::get`] at `now`, which the router reads once for a request.
+    pub(crate) fn get_at(&self, id: SessionId, now: Instant) -> Option<Known> {
         let (mut shard, _) = self.lock(id);
         let entry = shard.map.get(&id)?;
-        if entry.last_used.elapsed() > self.ttl() {
+        if now.saturating_duration_since(entry.last_used) > self.ttl() {
             self.evict(&mut shard, id);
             return None;
         }
@@ -344,7 +350,19 @@ impl SessionTable {
         outcome: Outcome,
         bytes: u64,
     ) {
-        let now = Instant::now();
+        self.put_at(id, backend, pinned, outcome, bytes, Instant::now());
+    }
+
+    /// [`SessionTable::put`] at `now`.
+    pub(crate) fn put_at(
+        &self,
+        id: SessionId,
+        backend: &Arc<Backend>,
+        pinned: bool,
+        outcome: Outcome,
+        bytes: u64,
+        now: Instant,
+    ) {
         let ttl = self.ttl();
         let (mut guard, cap) = self.lock(id);
         let Shard {
