@@ -216,16 +216,7 @@ impl H1Conn {
     /// its reactor next polls, and a backend that closes right after each response (as
     /// llama-server does) would otherwise have its connection reused after the close arrived.
     fn still_open(&mut self) -> bool {
-        if !self.buf.is_empty() {
-            return false;
-        }
-        let tcp = match &self.io {
-            BackendStream::Plain(tcp) => tcp,
-            BackendStream::Tls(tls) => tls.get_ref().0,
-        };
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        let peeked = socket2::SockRef::from(tcp).peek(&mut probe);
-        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        self.buf.is_empty() && nothing_arrived(peek_one(self.tcp()))
     }
 
     /// [`H1Conn::still_open`] without a system call when the runtime has seen nothing arrive
@@ -238,15 +229,16 @@ impl H1Conn {
         if !self.buf.is_empty() {
             return false;
         }
-        let tcp = match &self.io {
+        let tcp = self.tcp();
+        nothing_arrived(tcp.try_io(tokio::io::Interest::READABLE, || peek_one(tcp)))
+    }
+
+    /// The TCP socket under the connection, TLS or not.
+    fn tcp(&self) -> &TcpStream {
+        match &self.io {
             BackendStream::Plain(tcp) => tcp,
             BackendStream::Tls(tls) => tls.get_ref().0,
-        };
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        let peeked = tcp.try_io(tokio::io::Interest::READABLE, || {
-            socket2::SockRef::from(tcp).peek(&mut probe)
-        });
-        matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        }
     }
 
     async fn read_more(&mut self) -> std::io::Result<usize> {
@@ -861,6 +853,17 @@ impl HttpBody for H1Body {
             None => SizeHint::new(),
         }
     }
+}
+
+/// Peeks at one byte without taking it: an idle connection shows nothing.
+fn peek_one(tcp: &TcpStream) -> std::io::Result<usize> {
+    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    socket2::SockRef::from(tcp).peek(&mut probe)
+}
+
+/// Whether a peek found the connection quiet: neither bytes nor a close arrived.
+fn nothing_arrived(peeked: std::io::Result<usize>) -> bool {
+    matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[cfg(test)]
