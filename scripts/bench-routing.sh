@@ -4,8 +4,8 @@
 # each in front of its own fresh `agentrace sim` cluster, replaying the same dataset
 # closed-loop. Prints one row per router and run: prefix-cache hit rate and server TTFT
 # mean/p90 (from the replicas' own counters and histogram, simulated time; p90 interpolated
-# within its bucket as Prometheus' histogram_quantile does), client TTFT
-# p50/p90, system_tps, the slowest user's tokens/s, requests per replica and failures; with
+# within its bucket as Prometheus' histogram_quantile does), the p90 time requests waited for
+# a batch slot (the queueing part of that tail), client TTFT p50/p90, system_tps, the slowest user's tokens/s, requests per replica and failures; with
 # RUNS > 1, then the median and the worst run of each router.
 #
 #   scripts/bench-routing.sh DATASET [REPLICAS=4] [KV_BLOCKS=5000] [CONCURRENCY=20] [HEADER=1]
@@ -47,7 +47,7 @@ rows="$work/rows.tsv"
 : >"$rows"
 
 echo "# $(basename "$dataset")${TRAJECTORIES:+ ($TRAJECTORIES trajectories)}, $replicas replicas x $blocks KV blocks, concurrency $conc, session header: $header, time scale $scale, $runs run(s); $(uptime)"
-printf '%-28s %6s %9s %9s %9s %9s %9s %9s  %-24s %s\n' router hit ttft_mean ttft_p90 cli_p50 cli_p90 sys_tps slow_tps per_replica failures
+printf '%-28s %6s %9s %9s %9s %9s %9s %9s %9s  %-24s %s\n' router hit ttft_mean ttft_p90 queue_p90 cli_p50 cli_p90 sys_tps slow_tps per_replica failures
 for _ in $(seq "$runs"); do
 for router in $routers; do
     kind="${router%%:*}"
@@ -121,7 +121,9 @@ for line in open(decisions):
     o = re.search(r'outcome="([^"]+)"', line).group(1)
     outcomes[o] = outcomes.get(o, 0) + int(float(line.rsplit(" ", 1)[1]))
 hits = queries = 0.0
-per, buckets, tsum, tcount = [], {}, 0.0, 0.0
+per, tsum, tcount = [], 0.0, 0.0
+# Histograms summed over the replicas: TTFT, and the part of it spent waiting for a batch slot.
+buckets = {"vllm:time_to_first_token_seconds": {}, "vllm:request_queue_time_seconds": {}}
 for block in open(metrics).read().split("# end"):
     n = 0.0
     for line in block.splitlines():
@@ -134,18 +136,24 @@ for block in open(metrics).read().split("# end"):
         elif key.startswith("vllm:request_success_total"): n += v
         elif key.startswith("vllm:time_to_first_token_seconds_sum"): tsum += v
         elif key.startswith("vllm:time_to_first_token_seconds_count"): tcount += v
-        elif key.startswith("vllm:time_to_first_token_seconds_bucket"):
+        elif "_bucket{" in key and key.split("_bucket{")[0] in buckets:
             le = re.search(r'le="([^"]+)"', key).group(1)
-            buckets[le] = buckets.get(le, 0.0) + v
+            into = buckets[key.split("_bucket{")[0]]
+            into[le] = into.get(le, 0.0) + v
     if block.strip():
         per.append(int(n))
-# As Prometheus' histogram_quantile: linear within the bucket the 90th percentile falls in.
-p90, lower, below = float("nan"), 0.0, 0.0
-for le, c in sorted(((float(k), c) for k, c in buckets.items())):
-    if tcount and c >= 0.9 * tcount:
-        p90 = le if le == float("inf") else lower + (le - lower) * (0.9 * tcount - below) / max(c - below, 1e-9)
-        break
-    lower, below = le, c
+def p90_of(hist):
+    """As Prometheus' histogram_quantile: linear within the bucket the 90th percentile falls in."""
+    ranked = sorted((float(k), c) for k, c in hist.items())
+    total = ranked[-1][1] if ranked else 0.0
+    lower = below = 0.0
+    for le, c in ranked:
+        if total and c >= 0.9 * total:
+            return le if le == float("inf") else lower + (le - lower) * (0.9 * total - below) / max(c - below, 1e-9)
+        lower, below = le, c
+    return float("nan")
+p90 = p90_of(buckets["vllm:time_to_first_token_seconds"])
+queue_p90 = p90_of(buckets["vllm:request_queue_time_seconds"])
 try:
     s = json.load(open(summary))
     t = s["ttft"]["percentiles"]
@@ -157,17 +165,17 @@ try:
 except Exception as e:
     cli, tps, slow, failures = (float("nan"),) * 2, float("nan"), float("nan"), f"replay exit {status}: {e}"
 hit, mean = hits / max(queries, 1), 1000 * tsum / max(tcount, 1)
-print(f"{name:<28} {hit:6.3f} {mean:7.0f}ms {1000 * p90:7.0f}ms "
+print(f"{name:<28} {hit:6.3f} {mean:7.0f}ms {1000 * p90:7.0f}ms {1000 * queue_p90:7.0f}ms "
       f"{cli[0]:7.0f}ms {cli[1]:7.0f}ms {tps:9.1f} {slow:9.1f}  {'/'.join(map(str, per)):<24} {failures}"
       + "".join(f" {o}={n}" for o, n in sorted(outcomes.items())))
 with open(rows, "a") as f:
-    f.write(f"{name}\t{hit}\t{mean}\t{1000 * p90}\t{tps}\t{slow}\n")
+    f.write(f"{name}\t{hit}\t{mean}\t{1000 * p90}\t{1000 * queue_p90}\t{tps}\t{slow}\n")
 PY
     stop_all
 done
 done
 [ "$runs" -gt 1 ] || exit 0
-# Median and worst run per router: the lowest hit rate and tokens/s, the highest TTFT.
+# Median and worst run per router: the lowest hit rate and tokens/s, the highest TTFT and wait.
 python3 - "$rows" <<'PY'
 import statistics, sys
 by = {}
@@ -175,13 +183,13 @@ for line in open(sys.argv[1]):
     name, *v = line.rstrip("\n").split("\t")
     by.setdefault(name, []).append([float(x) for x in v])
 print(f"\n{'median|worst of ' + str(len(next(iter(by.values())))) + ' runs':<28}"
-      f" {'hit':>13} {'ttft_mean':>17} {'ttft_p90':>17} {'sys_tps':>17} {'slow_tps':>15}")
+      f" {'hit':>13} {'ttft_mean':>17} {'ttft_p90':>17} {'queue_p90':>17} {'sys_tps':>17} {'slow_tps':>15}")
 for name, runs in by.items():
     cols = list(zip(*runs))
     cell = []
-    for i, (width, worst) in enumerate([(6, min), (8, max), (8, max), (8, min), (7, min)]):
+    for i, (width, worst) in enumerate([(6, min), (8, max), (8, max), (8, max), (8, min), (7, min)]):
         fmt = (lambda x: f"{x:.3f}") if i == 0 else (lambda x: f"{x:.0f}")
-        unit = "ms" if i in (1, 2) else ""
+        unit = "ms" if i in (1, 2, 3) else ""
         med, bad = fmt(statistics.median(cols[i])) + unit, fmt(worst(cols[i])) + unit
         cell.append(f"{med:>{width}}|{bad:<{width}}")
     print(f"{name:<28} " + " ".join(cell))
