@@ -303,9 +303,14 @@ impl Exchange {
         };
         if let Some(key) = &placed.key {
             let id = router.sessions.id(key);
-            router
-                .sessions
-                .put(id, backend, true, Outcome::Failover, key.turn.context_bytes);
+            router.sessions.put(
+                id,
+                backend,
+                true,
+                Outcome::Failover,
+                key.turn.context_bytes,
+                tokio::time::Instant::now(),
+            );
         }
         placed.endpoint = served.to_string();
         if placed.in_flight.is_some() {

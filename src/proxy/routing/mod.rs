@@ -516,7 +516,7 @@ impl Router {
 
         if commit {
             let pinned = index != plain;
-            self.sessions.put_at(
+            self.sessions.put(
                 id,
                 &pool.backends[index],
                 pinned,

@@ -192,13 +192,8 @@ impl SessionTable {
             entries.sort_by_key(|(_, e)| e.last_used);
             for (id, mut entry) in entries {
                 let shard = &mut *guards[shard_index(id, n)];
-                entry.seq = shard.next_seq;
-                shard.next_seq += 1;
-                shard.order.push(Use {
-                    seq: entry.seq,
-                    id,
-                    at: entry.last_used,
-                });
+                let at = entry.last_used;
+                use_now(&mut shard.order, &mut shard.next_seq, id, &mut entry, at);
                 shard.map.insert(id, entry);
             }
             self.in_use.store(n, Ordering::Release);
@@ -341,20 +336,9 @@ impl SessionTable {
         guard.compact();
     }
 
-    /// Records a placement of a request of `bytes` and refreshes the session's last use.
+    /// Records a placement of a request of `bytes` at `now` and refreshes the session's last
+    /// use.
     pub(crate) fn put(
-        &self,
-        id: SessionId,
-        backend: &Arc<Backend>,
-        pinned: bool,
-        outcome: Outcome,
-        bytes: u64,
-    ) {
-        self.put_at(id, backend, pinned, outcome, bytes, Instant::now());
-    }
-
-    /// [`SessionTable::put`] at `now`.
-    pub(crate) fn put_at(
         &self,
         id: SessionId,
         backend: &Arc<Backend>,
@@ -395,29 +379,25 @@ impl SessionTable {
                 e.outcome = outcome;
             }
             None => {
-                let seq = *next_seq;
-                *next_seq += 1;
                 backend.sessions.fetch_add(1, Ordering::Relaxed);
                 backend.hold(bytes);
                 if pinned {
                     self.bound.fetch_add(1, Ordering::Relaxed);
                 }
-                map.insert(
-                    id,
-                    Entry {
-                        backend: backend.clone(),
-                        pinned,
-                        outcome,
-                        seq,
-                        last_used: now,
-                        bytes,
-                        active: true,
-                        turns: 0,
-                        prompt_tokens: None,
-                        cache_lost: false,
-                    },
-                );
-                order.push(Use { seq, id, at: now });
+                let mut entry = Entry {
+                    backend: backend.clone(),
+                    pinned,
+                    outcome,
+                    seq: 0,
+                    last_used: now,
+                    bytes,
+                    active: true,
+                    turns: 0,
+                    prompt_tokens: None,
+                    cache_lost: false,
+                };
+                use_now(order, next_seq, id, &mut entry, now);
+                map.insert(id, entry);
             }
         }
         // Make room and drop what has idled out, oldest first.

@@ -324,10 +324,10 @@ fn session_table_evicts_least_recently_used_and_idle() {
     let b = &pool.backends[0];
     let id = |k: &str| id_of(&t, k);
     for k in ["k1", "k2", "k3"] {
-        t.put(id(k), b, true, Outcome::Spill, 0);
+        t.put(id(k), b, true, Outcome::Spill, 0, Instant::now());
     }
-    t.put(id("k1"), b, true, Outcome::Bound, 0); // k2 is now the least recently used
-    t.put(id("k4"), b, true, Outcome::Spill, 0);
+    t.put(id("k1"), b, true, Outcome::Bound, 0, Instant::now()); // k2 is now the least recently used
+    t.put(id("k4"), b, true, Outcome::Spill, 0, Instant::now());
     assert!(t.get(id("k2")).is_none());
     assert!(t.get(id("k1")).is_some() && t.get(id("k3")).is_some());
     assert!(t.get(id("k4")).is_some());
@@ -362,6 +362,7 @@ fn changing_max_sessions_keeps_entries_and_counts_true() {
             i % 4 == 0,
             Outcome::Spill,
             0,
+            Instant::now(),
         );
     }
     let check = |present: &[SessionId]| {
@@ -609,9 +610,30 @@ fn idle_sessions_stop_counting_as_held() {
     let pool = pool_of(&["a", "b"], 0.0);
     let (a, b) = (&pool.backends[0], &pool.backends[1]);
     let t = SessionTable::new(10, Duration::from_secs(1800));
-    t.put(id_of(&t, "s1"), a, false, Outcome::Hash, 500);
-    t.put(id_of(&t, "s2"), a, false, Outcome::Hash, 300);
-    t.put(id_of(&t, "s1"), b, true, Outcome::Failover, 700);
+    t.put(
+        id_of(&t, "s1"),
+        a,
+        false,
+        Outcome::Hash,
+        500,
+        Instant::now(),
+    );
+    t.put(
+        id_of(&t, "s2"),
+        a,
+        false,
+        Outcome::Hash,
+        300,
+        Instant::now(),
+    );
+    t.put(
+        id_of(&t, "s1"),
+        b,
+        true,
+        Outcome::Failover,
+        700,
+        Instant::now(),
+    );
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 300);
     assert_eq!(b.active_bytes.load(Ordering::Relaxed), 700);
     t.set_active_window(Duration::ZERO);
@@ -621,7 +643,14 @@ fn idle_sessions_stop_counting_as_held() {
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
     assert_eq!(b.active_bytes.load(Ordering::Relaxed), 0);
     t.set_active_window(Duration::from_secs(60));
-    t.put(id_of(&t, "s2"), a, false, Outcome::Hash, 400);
+    t.put(
+        id_of(&t, "s2"),
+        a,
+        false,
+        Outcome::Hash,
+        400,
+        Instant::now(),
+    );
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 400);
     t.set_limits(1, Duration::from_secs(1800));
     assert_eq!(t.len(), 1);
@@ -643,9 +672,16 @@ async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() 
     let t = SessionTable::new(10, Duration::from_secs(1800));
     t.set_active_window(Duration::from_secs(20));
     let long = id_of(&t, "long");
-    t.put(long, a, false, Outcome::Hash, 500);
+    t.put(long, a, false, Outcome::Hash, 500, Instant::now());
     t.turn_started(long);
-    t.put(id_of(&t, "short"), a, false, Outcome::Hash, 300);
+    t.put(
+        id_of(&t, "short"),
+        a,
+        false,
+        Outcome::Hash,
+        300,
+        Instant::now(),
+    );
     t.turn_started(id_of(&t, "short"));
     t.turn_ended(id_of(&t, "short"));
     tokio::time::advance(Duration::from_secs(30)).await;
