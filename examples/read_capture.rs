@@ -1,6 +1,7 @@
 //! Reading a capture directory (what `agentrace proxy` records with `capture.enabled`) from a
 //! program: every exchange with its session, backend, status and timings, request bodies
-//! rebuilt from their deltas, and whatever the recorder reported dropped or a segment cut.
+//! rebuilt from their deltas, in the order the requests arrived, and whatever the recorder
+//! reported dropped or a segment cut.
 //!
 //! ```sh
 //! cargo run --example read_capture -- captures/
@@ -16,13 +17,15 @@ fn main() -> ExitCode {
         eprintln!("usage: read_capture <capture directory>");
         return ExitCode::from(2);
     };
-    let capture = match reader::read_dir(&dir) {
+    let mut capture = match reader::read_dir(&dir) {
         Ok(capture) => capture,
         Err(e) => {
             eprintln!("{}: {e}", dir.display());
             return ExitCode::FAILURE;
         }
     };
+    // Exchanges are stored as they finish; list them in the order their requests arrived.
+    capture.exchanges.sort_by_key(|e| e.record.id);
     for e in &capture.exchanges {
         let r = &e.record;
         let ms =

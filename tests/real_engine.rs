@@ -12,6 +12,7 @@
 
 mod support;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use agentrace::dataset::ModelParams;
@@ -245,8 +246,13 @@ async fn captured_traffic_replays_with_the_same_request_bodies() {
     stop.fire();
     proxy.join().await;
 
-    let captured = reader::read_dir(&first).unwrap().exchanges;
-    let replayed = reader::read_dir(&second).unwrap().exchanges;
+    // Records are written as exchanges finish; compare them in the order the turns began.
+    let by_arrival = |dir: &Path| {
+        let mut exchanges = reader::read_dir(dir).unwrap().exchanges;
+        exchanges.sort_by_key(|e| e.record.id);
+        exchanges
+    };
+    let (captured, replayed) = (by_arrival(&first), by_arrival(&second));
     assert_eq!(captured.len(), replayed.len());
     for (i, (a, b)) in captured.iter().zip(&replayed).enumerate() {
         let a: Value = serde_json::from_slice(a.request_body.as_ref().unwrap()).unwrap();
