@@ -5,8 +5,9 @@
 # closed-loop. Prints one row per router and run: prefix-cache hit rate and server TTFT
 # mean/p90 (from the replicas' own counters and histogram, simulated time; p90 interpolated
 # within its bucket as Prometheus' histogram_quantile does), the p90 time requests waited for
-# a batch slot (the queueing part of that tail), client TTFT p50/p90, system_tps, the slowest user's tokens/s, requests per replica and failures; with
-# RUNS > 1, then the median and the worst run of each router.
+# a batch slot (the queueing part of that tail), client TTFT p50/p90, system_tps, the slowest
+# user's tokens/s, requests per replica and failures; with RUNS > 1, then the median and the
+# worst run of each router.
 #
 #   scripts/bench-routing.sh DATASET [REPLICAS=4] [KV_BLOCKS=5000] [CONCURRENCY=20] [HEADER=1]
 #

@@ -113,10 +113,7 @@ async fn full_disk_counts_only_records_that_reached_it_and_leaves_no_empty_segme
         "while writes failed, segment files were left behind"
     );
     check_segments(&captures, m.written);
-    let mut capture = reader::read_dir(&captures).unwrap();
-    // Records are written as exchanges end, and an exchange ends once its response is written
-    // to the client, which the next request may overtake: compare in request order.
-    capture.exchanges.sort_by_key(|e| e.record.id);
+    let capture = support::capture::read_by_arrival(&captures);
     for (i, body) in early.iter().enumerate() {
         assert_eq!(
             capture.exchanges[i].request_body.as_deref(),

@@ -42,9 +42,7 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     stop_first.fire();
     proxy.join().await;
 
-    let mut capture = reader::read_dir(&first).unwrap();
-    // Written as exchanges end, which the next turn may overtake: read in request order.
-    capture.exchanges.sort_by_key(|e| e.record.id);
+    let capture = read_by_arrival(&first);
     assert!(capture.cuts.is_empty(), "{:?}", capture.cuts);
     assert_eq!(capture.exchanges.len(), 20);
     for (i, e) in capture.exchanges.iter().enumerate() {
@@ -100,8 +98,7 @@ async fn twenty_turn_session_round_trips_through_capture_export_and_replay() {
     assert_eq!(summary.turns_ok, 20, "{summary:?}");
     stop_second.fire();
     replay_proxy.join().await;
-    let mut replayed = reader::read_dir(&second).unwrap();
-    replayed.exchanges.sort_by_key(|e| e.record.id);
+    let replayed = read_by_arrival(&second);
     assert_eq!(replayed.exchanges.len(), 20);
     for (i, (a, b)) in capture
         .exchanges
@@ -266,9 +263,7 @@ async fn kill_9_of_the_proxy_keeps_every_record_flushed_before_it() {
     proxy.child.start_kill().unwrap();
     proxy.child.wait().await.unwrap();
 
-    let mut capture = reader::read_dir(&path).unwrap();
-    // Records are written as exchanges finish; compare them in the order the turns began.
-    capture.exchanges.sort_by_key(|e| e.record.id);
+    let capture = read_by_arrival(&path);
     let got: Vec<&[u8]> = capture
         .exchanges
         .iter()

@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use agentrace::dataset::ModelParams;
@@ -195,7 +194,6 @@ async fn affinity_caches_more_and_evaluates_fewer_prompt_tokens_than_round_robin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn captured_traffic_replays_with_the_same_request_bodies() {
     use agentrace::capture::export::{self, ExportOptions};
-    use agentrace::capture::reader;
     let Some((server, model)) = artefacts("captured_traffic_replays") else {
         return;
     };
@@ -246,13 +244,8 @@ async fn captured_traffic_replays_with_the_same_request_bodies() {
     stop.fire();
     proxy.join().await;
 
-    // Records are written as exchanges finish; compare them in the order the turns began.
-    let by_arrival = |dir: &Path| {
-        let mut exchanges = reader::read_dir(dir).unwrap().exchanges;
-        exchanges.sort_by_key(|e| e.record.id);
-        exchanges
-    };
-    let (captured, replayed) = (by_arrival(&first), by_arrival(&second));
+    let captured = support::capture::read_by_arrival(&first).exchanges;
+    let replayed = support::capture::read_by_arrival(&second).exchanges;
     assert_eq!(captured.len(), replayed.len());
     for (i, (a, b)) in captured.iter().zip(&replayed).enumerate() {
         let a: Value = serde_json::from_slice(a.request_body.as_ref().unwrap()).unwrap();

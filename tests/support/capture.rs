@@ -169,6 +169,15 @@ pub fn read_all(dir: &Path) -> Vec<Exchange> {
     reader::read_dir(dir).unwrap().exchanges
 }
 
+/// The capture in `dir` with its exchanges in the order their requests arrived. Records are
+/// written as exchanges end, and an exchange ends once its response is written to the client,
+/// which the next request may overtake; a recorder numbers exchanges as they start.
+pub fn read_by_arrival(dir: &Path) -> reader::Capture {
+    let mut capture = reader::read_dir(dir).unwrap();
+    capture.exchanges.sort_by_key(|e| e.record.id);
+    capture
+}
+
 /// Every segment file of `dir`, decompressed as far as it goes, concatenated.
 pub fn decompressed(dir: &Path) -> Vec<u8> {
     let mut out = Vec::new();

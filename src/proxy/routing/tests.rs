@@ -41,6 +41,11 @@ fn id_of(t: &SessionTable, key: &str) -> SessionId {
     t.id(&SessionKey::new(key.to_string(), KeySource::Header))
 }
 
+/// Places session `key` on `b` now, as the router does for a request of `bytes`.
+fn put_now(t: &SessionTable, key: &str, b: &Arc<Backend>, pinned: bool, o: Outcome, bytes: u64) {
+    t.put(id_of(t, key), b, pinned, o, bytes, Instant::now());
+}
+
 /// A session costs the table the same whatever its key's length: the table keeps a
 /// 16-byte id, equal for equal keys, different for keys that differ only in their last
 /// byte 60 KiB in, and keyed per table (another table's ids differ).
@@ -324,10 +329,10 @@ fn session_table_evicts_least_recently_used_and_idle() {
     let b = &pool.backends[0];
     let id = |k: &str| id_of(&t, k);
     for k in ["k1", "k2", "k3"] {
-        t.put(id(k), b, true, Outcome::Spill, 0, Instant::now());
+        put_now(&t, k, b, true, Outcome::Spill, 0);
     }
-    t.put(id("k1"), b, true, Outcome::Bound, 0, Instant::now()); // k2 is now the least recently used
-    t.put(id("k4"), b, true, Outcome::Spill, 0, Instant::now());
+    put_now(&t, "k1", b, true, Outcome::Bound, 0); // k2 is now the least recently used
+    put_now(&t, "k4", b, true, Outcome::Spill, 0);
     assert!(t.get(id("k2")).is_none());
     assert!(t.get(id("k1")).is_some() && t.get(id("k3")).is_some());
     assert!(t.get(id("k4")).is_some());
@@ -610,30 +615,9 @@ fn idle_sessions_stop_counting_as_held() {
     let pool = pool_of(&["a", "b"], 0.0);
     let (a, b) = (&pool.backends[0], &pool.backends[1]);
     let t = SessionTable::new(10, Duration::from_secs(1800));
-    t.put(
-        id_of(&t, "s1"),
-        a,
-        false,
-        Outcome::Hash,
-        500,
-        Instant::now(),
-    );
-    t.put(
-        id_of(&t, "s2"),
-        a,
-        false,
-        Outcome::Hash,
-        300,
-        Instant::now(),
-    );
-    t.put(
-        id_of(&t, "s1"),
-        b,
-        true,
-        Outcome::Failover,
-        700,
-        Instant::now(),
-    );
+    put_now(&t, "s1", a, false, Outcome::Hash, 500);
+    put_now(&t, "s2", a, false, Outcome::Hash, 300);
+    put_now(&t, "s1", b, true, Outcome::Failover, 700);
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 300);
     assert_eq!(b.active_bytes.load(Ordering::Relaxed), 700);
     t.set_active_window(Duration::ZERO);
@@ -643,14 +627,7 @@ fn idle_sessions_stop_counting_as_held() {
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
     assert_eq!(b.active_bytes.load(Ordering::Relaxed), 0);
     t.set_active_window(Duration::from_secs(60));
-    t.put(
-        id_of(&t, "s2"),
-        a,
-        false,
-        Outcome::Hash,
-        400,
-        Instant::now(),
-    );
+    put_now(&t, "s2", a, false, Outcome::Hash, 400);
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 400);
     t.set_limits(1, Duration::from_secs(1800));
     assert_eq!(t.len(), 1);
@@ -674,14 +651,7 @@ async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() 
     let long = id_of(&t, "long");
     t.put(long, a, false, Outcome::Hash, 500, Instant::now());
     t.turn_started(long);
-    t.put(
-        id_of(&t, "short"),
-        a,
-        false,
-        Outcome::Hash,
-        300,
-        Instant::now(),
-    );
+    put_now(&t, "short", a, false, Outcome::Hash, 300);
     t.turn_started(id_of(&t, "short"));
     t.turn_ended(id_of(&t, "short"));
     tokio::time::advance(Duration::from_secs(30)).await;
