@@ -397,6 +397,11 @@ impl WorkerPool {
         backend: &BackendUrl,
         req: &UpstreamRequest<'_>,
     ) -> Result<UpstreamResponse, PoolError> {
+        // Lets the worker's other ready connections reach this point first, so a round of
+        // requests goes to the backends in one burst: each backend then wakes once per round,
+        // not once per request, which under load costs the backends and the proxy less CPU
+        // than the wait (one pass of the worker's other tasks) costs this request.
+        tokio::task::yield_now().await;
         conn.out.clear();
         let length = req.declare_length.then_some(req.body.len() as u64);
         http1::put_request_head(
