@@ -1,16 +1,19 @@
 //! Prometheus metrics of one proxy instance: a private recorder (never installed globally, so
 //! several proxies share a process) with handles registered once and kept on the hot path.
+//! What every request updates (decisions, 200s, the latency histograms) is counted per thread
+//! in [`sharded`] and folded into the exposition at each render.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
-use metrics_exporter_prometheus::{
-    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
-};
+use metrics::{Counter, Gauge, Key, KeyName, Label, Metadata, Recorder, SharedString};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use parking_lot::Mutex;
+
+mod sharded;
+use sharded::{Cells, DurationHistogram};
 
 use super::routing::{Outcome, Pool, SessionTable};
 use crate::capture::RecorderStats;
@@ -171,11 +174,15 @@ pub(crate) struct ProxyMetrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
     decisions: Arc<Vec<Counter>>,
+    /// What `decisions` show, counted per thread until a render.
+    decision_counts: Arc<Cells>,
     /// Retries on another backend before any response byte, by [`RETRY_REASONS`].
     retries: Arc<Vec<Counter>>,
     /// Time the proxy adds: body received → request handed to the pool, plus response head
     /// received → head handed to the client connection.
-    pub overhead: Histogram,
+    overhead: Arc<DurationHistogram>,
+    /// Each backend name's per-request series, kept across reloads that rebuild the backend.
+    backend_series: Arc<Mutex<Vec<Arc<BackendSeries>>>>,
     /// Requests refused with 503 because request bodies held `request_body_budget_bytes`.
     body_budget_refusals: Counter,
     /// Request body bytes held now (set when rendered).
@@ -197,20 +204,28 @@ pub(crate) struct ProxyMetrics {
     cancel_closes: Counter,
 }
 
+/// The series of one backend that every request updates, counted per thread.
+struct BackendSeries {
+    name: SharedString,
+    /// Responses with status 200: the common case of `agentrace_requests_total`.
+    ok: Cells,
+    /// The exporter's 200 series, registered once a render finds a 200 counted.
+    ok_exported: OnceLock<Counter>,
+    /// Request sent → response body finished.
+    latency: DurationHistogram,
+    /// Request sent → first response body byte (response head for an empty body).
+    ttfb: DurationHistogram,
+}
+
 /// Metric handles of one backend.
 #[derive(Clone)]
 pub(crate) struct BackendMetrics {
     recorder: Arc<PrometheusRecorder>,
     name: SharedString,
     by_status: Arc<Mutex<HashMap<u16, Counter>>>,
-    /// The 200 series of `by_status`, kept apart so the common case takes no lock.
-    ok: Arc<OnceLock<Counter>>,
+    series: Arc<BackendSeries>,
     /// Requests abandoned before the response head: the `status="cancelled"` series.
     cancelled: Counter,
-    /// Request sent → response body finished.
-    pub latency: Histogram,
-    /// Request sent → first response body byte (response head for an empty body).
-    pub ttfb: Histogram,
     errors: Arc<Vec<Counter>>,
     in_flight: Gauge,
     healthy: Gauge,
@@ -240,16 +255,7 @@ impl Default for ProxyMetrics {
 impl ProxyMetrics {
     /// A fresh recorder with every proxy-wide series registered and described.
     pub(crate) fn new() -> Self {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets(LATENCY_BUCKETS)
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full("agentrace_proxy_overhead_seconds".into()),
-                    OVERHEAD_BUCKETS,
-                )
-            })
-            .expect("static bucket lists are non-empty")
-            .build_recorder();
+        let recorder = PrometheusBuilder::new().build_recorder();
         describe(&recorder);
         let handle = recorder.handle();
         let r = &recorder;
@@ -280,8 +286,6 @@ impl ProxyMetrics {
                 )
             })
             .collect();
-        let overhead =
-            r.register_histogram(&key("agentrace_proxy_overhead_seconds", vec![]), &META);
         let body_budget_refusals =
             r.register_counter(&key("agentrace_body_budget_refusals_total", vec![]), &META);
         let body_bytes_held =
@@ -336,9 +340,11 @@ impl ProxyMetrics {
             handle,
             cancelled_streams,
             cancel_closes,
+            decision_counts: Arc::new(Cells::new(decisions.len())),
             decisions: Arc::new(decisions),
             retries: Arc::new(retries),
-            overhead,
+            overhead: Arc::new(DurationHistogram::new(OVERHEAD_BUCKETS)),
+            backend_series: Arc::default(),
             body_budget_refusals,
             body_bytes_held,
             no_backend: Arc::default(),
@@ -379,13 +385,28 @@ impl ProxyMetrics {
             .collect();
         let mut cancelled = l();
         cancelled.push(Label::new("status", "cancelled"));
+        let series = {
+            let mut all = self.backend_series.lock();
+            match all.iter().find(|s| s.name == name) {
+                Some(s) => s.clone(),
+                None => {
+                    let s = Arc::new(BackendSeries {
+                        name: name.clone(),
+                        ok: Cells::new(1),
+                        ok_exported: OnceLock::new(),
+                        latency: DurationHistogram::new(LATENCY_BUCKETS),
+                        ttfb: DurationHistogram::new(LATENCY_BUCKETS),
+                    });
+                    all.push(s.clone());
+                    s
+                }
+            }
+        };
         BackendMetrics {
             recorder: self.recorder.clone(),
             by_status: Arc::default(),
-            ok: Arc::default(),
+            series,
             cancelled: r.register_counter(&key("agentrace_requests_total", cancelled), &META),
-            latency: r.register_histogram(&key("agentrace_upstream_latency_seconds", l()), &META),
-            ttfb: r.register_histogram(&key("agentrace_upstream_ttfb_seconds", l()), &META),
             errors: Arc::new(errors),
             in_flight: r.register_gauge(&key("agentrace_in_flight", l()), &META),
             healthy: r.register_gauge(&key("agentrace_backend_healthy", l()), &META),
@@ -401,7 +422,7 @@ impl ProxyMetrics {
     pub(crate) fn decision(&self, source: KeySource, outcome: Outcome) {
         let s = SOURCES.iter().position(|x| *x == source).unwrap_or(0);
         let o = OUTCOMES.iter().position(|x| *x == outcome).unwrap_or(0);
-        self.decisions[s * OUTCOMES.len() + o].increment(1);
+        self.decision_counts.add(s * OUTCOMES.len() + o, 1);
     }
 
     /// Counts a response the proxy produced without a backend (413, 502, 503).
@@ -478,10 +499,9 @@ impl ProxyMetrics {
         }
     }
 
-    /// Folds buffered histogram samples into their buckets (run periodically so samples do
-    /// not pile up between scrapes).
-    pub(crate) fn upkeep(&self) {
-        self.handle.run_upkeep();
+    /// Records the time the proxy itself added to a request.
+    pub(crate) fn overhead(&self, d: Duration) {
+        self.overhead.record(d);
     }
 
     /// The Prometheus text exposition, with gauges refreshed from live state first.
@@ -531,13 +551,59 @@ impl ProxyMetrics {
             c("agentrace_capture_bytes_raw_total", s.bytes_raw);
             c("agentrace_capture_bytes_stored_total", s.bytes_stored);
         }
-        self.handle.render()
+        for (i, counter) in self.decisions.iter().enumerate() {
+            counter.absolute(self.decision_counts.total(i));
+        }
+        let series: Vec<Arc<BackendSeries>> = self.backend_series.lock().clone();
+        for s in &series {
+            let ok = s.ok.total(0);
+            if ok > 0 {
+                let exported = s.ok_exported.get_or_init(|| {
+                    let labels = vec![
+                        Label::new("backend", s.name.clone()),
+                        Label::new("status", "200"),
+                    ];
+                    self.recorder
+                        .register_counter(&key("agentrace_requests_total", labels), &META)
+                });
+                exported.absolute(ok);
+            }
+        }
+        let mut out = self.handle.render();
+        sharded::render_family(
+            &mut out,
+            "agentrace_proxy_overhead_seconds",
+            "Time the proxy itself adds to a request.",
+            [(&[][..], &*self.overhead)],
+        );
+        let labels: Vec<[(&str, &str); 1]> =
+            series.iter().map(|s| [("backend", &*s.name)]).collect();
+        sharded::render_family(
+            &mut out,
+            "agentrace_upstream_latency_seconds",
+            "Request sent upstream to response body end, per backend.",
+            labels
+                .iter()
+                .zip(&series)
+                .map(|(l, s)| (&l[..], &s.latency)),
+        );
+        sharded::render_family(
+            &mut out,
+            "agentrace_upstream_ttfb_seconds",
+            "Request sent upstream to first response body byte, per backend.",
+            labels.iter().zip(&series).map(|(l, s)| (&l[..], &s.ttfb)),
+        );
+        out
     }
 }
 
 impl BackendMetrics {
     /// Counts a finished response by status.
     pub(crate) fn request(&self, status: http::StatusCode) {
+        if status == http::StatusCode::OK {
+            self.series.ok.add(0, 1);
+            return;
+        }
         let code = status.as_u16();
         let register = || {
             self.recorder.register_counter(
@@ -551,10 +617,6 @@ impl BackendMetrics {
                 &META,
             )
         };
-        if status == http::StatusCode::OK {
-            self.ok.get_or_init(register).increment(1);
-            return;
-        }
         let mut map = self.by_status.lock();
         map.entry(code).or_insert_with(register).increment(1);
     }
@@ -571,9 +633,14 @@ impl BackendMetrics {
         self.errors[i].increment(1);
     }
 
-    /// Records a duration on a histogram in seconds.
-    pub(crate) fn observe(h: &Histogram, d: Duration) {
-        h.record(d.as_secs_f64());
+    /// Records the time from a request sent to its response body's end.
+    pub(crate) fn latency(&self, d: Duration) {
+        self.series.latency.record(d);
+    }
+
+    /// Records the time from a request sent to its first response body byte.
+    pub(crate) fn ttfb(&self, d: Duration) {
+        self.series.ttfb.record(d);
     }
 }
 
@@ -590,16 +657,6 @@ fn describe(r: &PrometheusRecorder) {
         "agentrace_requests_total",
         "Responses by backend (none: refused by the proxy) and status (cancelled: abandoned by the client before the response head).",
         0,
-    );
-    d(
-        "agentrace_upstream_latency_seconds",
-        "Request sent upstream to response body end, per backend.",
-        2,
-    );
-    d(
-        "agentrace_upstream_ttfb_seconds",
-        "Request sent upstream to first response body byte, per backend.",
-        2,
     );
     d(
         "agentrace_client_timeouts_total",
@@ -673,11 +730,6 @@ fn describe(r: &PrometheusRecorder) {
         0,
     );
     d(
-        "agentrace_proxy_overhead_seconds",
-        "Time the proxy itself adds to a request.",
-        2,
-    );
-    d(
         "agentrace_body_budget_refusals_total",
         "Requests refused with 503 because request bodies held request_body_budget_bytes.",
         0,
@@ -728,3 +780,6 @@ fn describe(r: &PrometheusRecorder) {
         0,
     );
 }
+
+#[cfg(test)]
+mod tests;

@@ -409,8 +409,7 @@ fn listen(addr: SocketAddr, backlog: u32, stamp: bool) -> std::io::Result<tokio:
     socket.listen(backlog)
 }
 
-/// Sweeps idle sessions and upstream connections and folds histogram samples, so none of them
-/// grows between scrapes.
+/// Sweeps idle sessions and upstream connections, so neither grows between scrapes.
 async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
     let period = Duration::from_secs(5);
     let mut next = tokio::time::Instant::now() + period;
@@ -420,7 +419,6 @@ async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
             _ = tokio::time::sleep_until(next) => {}
         }
         inner.router.sessions.sweep();
-        inner.metrics.upkeep();
         for pool in inner.worker_pools.read().iter() {
             pool.reap();
         }

@@ -12,7 +12,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use super::metrics::{BackendMetrics, ErrorKind};
+use super::metrics::ErrorKind;
 use super::pool::UpstreamBody;
 use super::routing::{Backend, InFlight, Pool, SessionId, UsageScan};
 use super::Inner;
@@ -153,10 +153,9 @@ impl Exchange {
     }
 
     fn finish_at(mut self, end: ExchangeEnd, now: Instant) {
-        BackendMetrics::observe(
-            &self.backend.metrics.latency,
-            now.duration_since(self.sent_at),
-        );
+        self.backend
+            .metrics
+            .latency(now.duration_since(self.sent_at));
         if let (ExchangeEnd::Complete, Some(turn)) = (&end, self.turn.as_mut()) {
             turn.report(&self.backend);
         }
@@ -216,10 +215,10 @@ impl ObservedBody {
             std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
         }
         if let Some(exchange) = self.exchange.take() {
-            BackendMetrics::observe(
-                &exchange.backend.metrics.ttfb,
-                head_at.duration_since(exchange.sent_at),
-            );
+            exchange
+                .backend
+                .metrics
+                .ttfb(head_at.duration_since(exchange.sent_at));
             exchange.finish(ExchangeEnd::Complete);
         }
     }
@@ -267,10 +266,10 @@ impl HttpBody for ObservedBody {
                 if let Some(data) = frame.data_ref() {
                     if !exchange.got_first_byte && !data.is_empty() {
                         exchange.got_first_byte = true;
-                        BackendMetrics::observe(
-                            &exchange.backend.metrics.ttfb,
-                            now().duration_since(exchange.sent_at),
-                        );
+                        exchange
+                            .backend
+                            .metrics
+                            .ttfb(now().duration_since(exchange.sent_at));
                     }
                     if exchange.sse && !data.is_empty() {
                         exchange.at_event_boundary = data.ends_with(b"\n\n");
@@ -295,10 +294,10 @@ impl HttpBody for ObservedBody {
                 let exchange = this.exchange.take().expect("checked above");
                 let now = Instant::now();
                 if !exchange.got_first_byte {
-                    BackendMetrics::observe(
-                        &exchange.backend.metrics.ttfb,
-                        now.duration_since(exchange.sent_at),
-                    );
+                    exchange
+                        .backend
+                        .metrics
+                        .ttfb(now.duration_since(exchange.sent_at));
                 }
                 *this.ending = Some(exchange.handed_on(ExchangeEnd::Complete, now));
                 Poll::Ready(None)

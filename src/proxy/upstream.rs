@@ -462,10 +462,7 @@ async fn forward_held(
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.
         observed.complete_at_head(head_at).await;
     }
-    inner
-        .metrics
-        .overhead
-        .record((overhead + head_at.elapsed()).as_secs_f64());
+    inner.metrics.overhead(overhead + head_at.elapsed());
     Answer {
         status,
         headers,

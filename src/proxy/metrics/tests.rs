@@ -1,0 +1,90 @@
+use std::time::Duration;
+
+use super::*;
+use crate::proxy::config::{AffinityConfig, BackendUrl, HealthConfig};
+use crate::proxy::routing::{AffinitySettings, Backend};
+
+fn render(m: &ProxyMetrics, backends: Vec<BackendMetrics>) -> String {
+    let pool = Pool {
+        backends: backends
+            .into_iter()
+            .map(|b| {
+                let url = BackendUrl::parse("http://127.0.0.1:1").unwrap();
+                Arc::new(Backend::new(&b.name.clone(), url, 1.0, b))
+            })
+            .collect(),
+        affinity: AffinitySettings::from_config(&AffinityConfig::default()),
+        health: HealthConfig::default(),
+    };
+    m.render(&pool, &SessionTable::new(16, Duration::from_secs(60)), None)
+}
+
+fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[test]
+fn a_backend_built_again_under_its_name_counts_on_in_one_series() {
+    let m = ProxyMetrics::new();
+    let first = m.backend("a");
+    first.request(http::StatusCode::OK);
+    first.latency(Duration::from_millis(2));
+    // A reload that changes the URL builds the backend again, under the same name.
+    let again = m.backend("a");
+    again.request(http::StatusCode::OK);
+    again.ttfb(Duration::from_millis(1));
+    let text = render(&m, vec![again]);
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_requests_total{backend=\"a\",status=\"200\"}"
+        ),
+        vec!["agentrace_requests_total{backend=\"a\",status=\"200\"} 2"]
+    );
+    assert_eq!(
+        lines_starting(&text, "agentrace_upstream_latency_seconds_count"),
+        vec!["agentrace_upstream_latency_seconds_count{backend=\"a\"} 1"]
+    );
+    assert_eq!(
+        lines_starting(&text, "agentrace_upstream_ttfb_seconds_count"),
+        vec!["agentrace_upstream_ttfb_seconds_count{backend=\"a\"} 1"]
+    );
+    assert_eq!(
+        lines_starting(&text, "# TYPE agentrace_upstream_ttfb_seconds ").len(),
+        1
+    );
+}
+
+#[test]
+fn decisions_and_overhead_counted_on_other_threads_reach_the_exposition() {
+    let m = ProxyMetrics::new();
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..250 {
+                    m.decision(KeySource::Header, Outcome::Hash);
+                    m.overhead(Duration::from_micros(7));
+                }
+            });
+        }
+    });
+    let text = render(&m, Vec::new());
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"}"
+        ),
+        vec!["agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"} 1000"]
+    );
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_proxy_overhead_seconds_bucket{le=\"0.00001\"}"
+        ),
+        vec!["agentrace_proxy_overhead_seconds_bucket{le=\"0.00001\"} 1000"]
+    );
+    assert!(
+        text.contains("agentrace_proxy_overhead_seconds_count 1000\n"),
+        "{text}"
+    );
+}
