@@ -397,9 +397,7 @@ async fn cli_exit_codes_name_the_problem() {
         .flat_map(|i| support::dataset::coding_conversation(&format!("conv-{i:02}"), 1))
         .collect();
     let dataset = support::dataset::write_rows(out.path(), "twenty.jsonl", &rows);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    let (_refusing, dead) = support::refusing_address();
     let run = |args: &[&str]| {
         let o = std::process::Command::new(bin)
             .args(["replay", "--no-progress", "--dataset"])
@@ -474,9 +472,7 @@ async fn cli_exit_codes_name_the_problem() {
 #[test]
 fn an_unreachable_target_is_named_before_any_dataset_is_generated() {
     let cwd = tempfile::tempdir().unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    let (_refusing, dead) = support::refusing_address();
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
         .current_dir(cwd.path())
         .args([

@@ -626,9 +626,7 @@ async fn missing_usage_is_estimated_and_labelled() {
 // an invalid routing header name.
 #[tokio::test]
 async fn bad_inputs_give_errors_that_name_the_problem() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    let (_refusing, dead) = support::refusing_address();
     let out = tempfile::tempdir().unwrap();
     let err = replay::run(
         config(&dead, 1),

@@ -147,9 +147,7 @@ async fn each_conversation_stays_on_one_target_and_per_target_figures_sum_to_the
 async fn an_unreachable_one_of_several_targets_is_named_before_any_dataset_is_generated() {
     let dir = tempfile::tempdir().unwrap();
     let (sim_a, live, stop) = start_sim(&dir.path().join("a.jsonl"));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", listener.local_addr().unwrap());
-    drop(listener);
+    let (_refusing, dead) = support::refusing_address();
     let cwd = tempfile::tempdir().unwrap();
     let o = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
         .current_dir(cwd.path())

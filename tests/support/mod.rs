@@ -23,3 +23,15 @@ pub fn skip(test: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "skipped {test}: {why}");
 }
+
+/// A loopback address nothing answers on, as `http://…`, held unanswered while the socket
+/// lives: bound but never listening, so a connect is refused and no other server, in this
+/// test binary or another, can take the port meanwhile (a port freed at once can be).
+pub fn refusing_address() -> (socket2::Socket, String) {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    (socket, format!("http://{addr}"))
+}
