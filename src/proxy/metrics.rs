@@ -181,8 +181,8 @@ pub(crate) struct ProxyMetrics {
     /// Time the proxy adds: body received → request handed to the pool, plus response head
     /// received → head handed to the client connection.
     overhead: Arc<DurationHistogram>,
-    /// Each backend name's per-request series, kept across reloads that rebuild the backend.
-    backend_series: Arc<Mutex<Vec<Arc<BackendSeries>>>>,
+    /// The configured backends' per-request series, by name.
+    backend_series: Arc<Mutex<BackendRegistry>>,
     /// Requests refused with 503 because request bodies held `request_body_budget_bytes`.
     body_budget_refusals: Counter,
     /// Request body bytes held now (set when rendered).
@@ -215,6 +215,16 @@ struct BackendSeries {
     latency: DurationHistogram,
     /// Request sent → first response body byte (response head for an empty body).
     ttfb: DurationHistogram,
+}
+
+/// Each configured backend name's series, kept across reloads that rebuild the backend.
+/// A name the configuration drops lets its series go (each is a few shards of cache lines, and
+/// names come and go with pods); only its count of 200s stays, for the exporter's counter of
+/// it to go on from there should the name return.
+#[derive(Default)]
+struct BackendRegistry {
+    live: Vec<Arc<BackendSeries>>,
+    retired_ok: HashMap<SharedString, u64>,
 }
 
 /// Metric handles of one backend.
@@ -386,8 +396,8 @@ impl ProxyMetrics {
         let mut cancelled = l();
         cancelled.push(Label::new("status", "cancelled"));
         let series = {
-            let mut all = self.backend_series.lock();
-            match all.iter().find(|s| s.name == name) {
+            let mut registry = self.backend_series.lock();
+            match registry.live.iter().find(|s| s.name == name) {
                 Some(s) => s.clone(),
                 None => {
                     let s = Arc::new(BackendSeries {
@@ -397,7 +407,10 @@ impl ProxyMetrics {
                         latency: DurationHistogram::new(LATENCY_BUCKETS),
                         ttfb: DurationHistogram::new(LATENCY_BUCKETS),
                     });
-                    all.push(s.clone());
+                    if let Some(before) = registry.retired_ok.remove(&name) {
+                        s.ok.add(0, before);
+                    }
+                    registry.live.push(s.clone());
                     s
                 }
             }
@@ -416,6 +429,22 @@ impl ProxyMetrics {
                 .register_gauge(&key("agentrace_backend_active_context_bytes", l()), &META),
             name,
         }
+    }
+
+    /// Lets go of the series of backends no longer named in the configuration. Requests still
+    /// in flight to them count on in series no render shows.
+    pub(crate) fn keep_backends<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let names: std::collections::HashSet<&str> = names.into_iter().collect();
+        let mut registry = self.backend_series.lock();
+        let BackendRegistry { live, retired_ok } = &mut *registry;
+        live.retain(|s| {
+            let keep = names.contains(&*s.name);
+            let ok = s.ok.total(0);
+            if !keep && ok > 0 {
+                retired_ok.insert(s.name.clone(), ok);
+            }
+            keep
+        });
     }
 
     /// Counts one routing decision.
@@ -554,7 +583,7 @@ impl ProxyMetrics {
         for (i, counter) in self.decisions.iter().enumerate() {
             counter.absolute(self.decision_counts.total(i));
         }
-        let series: Vec<Arc<BackendSeries>> = self.backend_series.lock().clone();
+        let series: Vec<Arc<BackendSeries>> = self.backend_series.lock().live.clone();
         for s in &series {
             let ok = s.ok.total(0);
             if ok > 0 {

@@ -149,6 +149,7 @@ fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Po
             }
         })
         .collect();
+    metrics.keep_backends(config.backends.iter().map(|b| b.name.as_str()));
     Pool {
         backends,
         affinity: AffinitySettings::from_config(&config.affinity),

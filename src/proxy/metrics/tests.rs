@@ -88,3 +88,50 @@ fn decisions_and_overhead_counted_on_other_threads_reach_the_exposition() {
         "{text}"
     );
 }
+
+#[test]
+fn a_backend_dropped_from_the_configuration_lets_its_series_go_and_its_200s_go_on_if_it_returns() {
+    let m = ProxyMetrics::new();
+    let gone = m.backend("gone");
+    gone.request(http::StatusCode::OK);
+    gone.latency(Duration::from_millis(3));
+    let stays = m.backend("stays");
+    stays.request(http::StatusCode::OK);
+    // The 200 count reaches the exporter's counter at a render, as a scrape would do.
+    render(&m, vec![gone.clone(), stays.clone()]);
+    m.keep_backends(["stays"]);
+    let text = render(&m, vec![stays.clone()]);
+    assert!(
+        lines_starting(
+            &text,
+            "agentrace_upstream_latency_seconds_count{backend=\"gone\"}"
+        )
+        .is_empty(),
+        "{text}"
+    );
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_upstream_latency_seconds_count{backend=\"stays\"}"
+        )
+        .len(),
+        1
+    );
+    let back = m.backend("gone");
+    back.request(http::StatusCode::OK);
+    let text = render(&m, vec![stays, back]);
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_requests_total{backend=\"gone\",status=\"200\"}"
+        ),
+        vec!["agentrace_requests_total{backend=\"gone\",status=\"200\"} 2"]
+    );
+    assert_eq!(
+        lines_starting(
+            &text,
+            "agentrace_upstream_latency_seconds_count{backend=\"gone\"}"
+        ),
+        vec!["agentrace_upstream_latency_seconds_count{backend=\"gone\"} 0"]
+    );
+}
