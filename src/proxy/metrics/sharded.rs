@@ -74,6 +74,21 @@ impl Cells {
         self.slot(this_shard(), i).fetch_add(v, Ordering::Relaxed);
     }
 
+    /// Adds `v` to cell `i` of this thread's shard, which holds an `f64`'s bits.
+    fn add_f64(&self, i: usize, v: f64) {
+        let slot = self.slot(this_shard(), i);
+        let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+            Some((f64::from_bits(bits) + v).to_bits())
+        });
+    }
+
+    /// Cell `i`, added with [`Cells::add_f64`], over every shard.
+    fn total_f64(&self, i: usize) -> f64 {
+        (0..shard_count())
+            .map(|s| f64::from_bits(self.slot(s, i).load(Ordering::Relaxed)))
+            .sum()
+    }
+
     /// Counter `i` over every shard.
     pub(crate) fn total(&self, i: usize) -> u64 {
         (0..shard_count())
@@ -82,11 +97,12 @@ impl Cells {
     }
 }
 
-/// A Prometheus histogram of durations with fixed buckets, and its sum kept in nanoseconds.
+/// A Prometheus histogram of durations with fixed buckets. The sum is in seconds, as an `f64`:
+/// nanoseconds in a `u64` would wrap within weeks of minute-long streams.
 pub(crate) struct DurationHistogram {
     /// Upper bounds in seconds, ascending; a sample equal to a bound is counted under it.
     bounds: &'static [f64],
-    /// One count per bound, one for above them all, then the sum of samples in nanoseconds.
+    /// One count per bound, one for above them all, then the sum of samples in seconds.
     cells: Cells,
 }
 
@@ -99,11 +115,10 @@ impl DurationHistogram {
     }
 
     pub(crate) fn record(&self, d: Duration) {
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let seconds = d.as_secs_f64();
         let bucket = self.bounds.partition_point(|&b| b < seconds);
         self.cells.add(bucket, 1);
-        self.cells.add(self.bounds.len() + 1, nanos);
+        self.cells.add_f64(self.bounds.len() + 1, seconds);
     }
 
     /// Cumulative counts per bound, the count of every sample, and their sum in seconds.
@@ -115,7 +130,7 @@ impl DurationHistogram {
             cumulative.push(count);
         }
         count += self.cells.total(self.bounds.len());
-        let sum = self.cells.total(self.bounds.len() + 1) as f64 / 1e9;
+        let sum = self.cells.total_f64(self.bounds.len() + 1);
         (cumulative, count, sum)
     }
 }

@@ -81,3 +81,14 @@ fn a_rendered_family_is_cumulative_ends_in_inf_and_escapes_labels() {
         "{out}"
     );
 }
+
+#[test]
+fn a_sum_past_what_u64_nanoseconds_hold_is_still_right() {
+    let h = DurationHistogram::new(BOUNDS);
+    for _ in 0..20 {
+        h.record(Duration::from_secs(1_000_000_000));
+    }
+    let (_, count, sum) = h.snapshot();
+    assert_eq!(count, 20);
+    assert!((sum - 2e10).abs() < 1.0, "sum {sum}");
+}
