@@ -74,19 +74,26 @@ impl Cells {
         self.slot(this_shard(), i).fetch_add(v, Ordering::Relaxed);
     }
 
-    /// Adds `v` to cell `i` of this thread's shard, which holds an `f64`'s bits.
-    fn add_f64(&self, i: usize, v: f64) {
-        let slot = self.slot(this_shard(), i);
-        let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-            Some((f64::from_bits(bits) + v).to_bits())
-        });
+    /// Adds `v` to the 128-bit counter in cells `i` (low half) and `i + 1` (high half) of this
+    /// thread's shard: whoever's add wraps the low half carries one into the high half.
+    fn add_wide(&self, i: usize, v: u64) {
+        let shard = this_shard();
+        let before = self.slot(shard, i).fetch_add(v, Ordering::Relaxed);
+        if before.checked_add(v).is_none() {
+            self.slot(shard, i + 1).fetch_add(1, Ordering::Relaxed);
+        }
     }
 
-    /// Cell `i`, added with [`Cells::add_f64`], over every shard.
-    fn total_f64(&self, i: usize) -> f64 {
+    /// The counter added with [`Cells::add_wide`] at `i`, over every shard. A render in the
+    /// instant between a wrap and its carry reads 2^64 short, once in years of samples.
+    fn total_wide(&self, i: usize) -> u128 {
         (0..shard_count())
-            .map(|s| f64::from_bits(self.slot(s, i).load(Ordering::Relaxed)))
-            .sum()
+            .map(|s| {
+                let low = self.slot(s, i).load(Ordering::Relaxed);
+                let high = self.slot(s, i + 1).load(Ordering::Relaxed);
+                (u128::from(high) << 64) | u128::from(low)
+            })
+            .fold(0, u128::wrapping_add)
     }
 
     /// Counter `i` over every shard.
@@ -97,12 +104,13 @@ impl Cells {
     }
 }
 
-/// A Prometheus histogram of durations with fixed buckets. The sum is in seconds, as an `f64`:
-/// nanoseconds in a `u64` would wrap within weeks of minute-long streams.
+/// A Prometheus histogram of durations with fixed buckets. The sum is in nanoseconds, 128 bits
+/// wide: 64 would wrap within weeks of minute-long streams.
 pub(crate) struct DurationHistogram {
     /// Upper bounds in seconds, ascending; a sample equal to a bound is counted under it.
     bounds: &'static [f64],
-    /// One count per bound, one for above them all, then the sum of samples in seconds.
+    /// One count per bound, one for above them all, then the sum of samples in nanoseconds
+    /// (two cells).
     cells: Cells,
 }
 
@@ -110,15 +118,15 @@ impl DurationHistogram {
     pub(crate) fn new(seconds: &'static [f64]) -> Self {
         Self {
             bounds: seconds,
-            cells: Cells::new(seconds.len() + 2),
+            cells: Cells::new(seconds.len() + 3),
         }
     }
 
     pub(crate) fn record(&self, d: Duration) {
-        let seconds = d.as_secs_f64();
-        let bucket = self.bounds.partition_point(|&b| b < seconds);
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let bucket = self.bounds.partition_point(|&b| b < d.as_secs_f64());
         self.cells.add(bucket, 1);
-        self.cells.add_f64(self.bounds.len() + 1, seconds);
+        self.cells.add_wide(self.bounds.len() + 1, nanos);
     }
 
     /// Cumulative counts per bound, the count of every sample, and their sum in seconds.
@@ -130,7 +138,7 @@ impl DurationHistogram {
             cumulative.push(count);
         }
         count += self.cells.total(self.bounds.len());
-        let sum = self.cells.total_f64(self.bounds.len() + 1);
+        let sum = self.cells.total_wide(self.bounds.len() + 1) as f64 / 1e9;
         (cumulative, count, sum)
     }
 }
