@@ -438,12 +438,14 @@ impl ProxyMetrics {
         let mut registry = self.backend_series.lock();
         let BackendRegistry { live, retired_ok } = &mut *registry;
         live.retain(|s| {
-            let keep = names.contains(&*s.name);
+            if names.contains(&*s.name) {
+                return true;
+            }
             let ok = s.ok.total(0);
-            if !keep && ok > 0 {
+            if ok > 0 {
                 retired_ok.insert(s.name.clone(), ok);
             }
-            keep
+            false
         });
     }
 

@@ -19,8 +19,11 @@ fn render(m: &ProxyMetrics, backends: Vec<BackendMetrics>) -> String {
     m.render(&pool, &SessionTable::new(16, Duration::from_secs(60)), None)
 }
 
-fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
-    text.lines().filter(|l| l.starts_with(prefix)).collect()
+/// The values of every line of `series` (name and labels, exactly) in `text`.
+fn values<'a>(text: &'a str, series: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .collect()
 }
 
 #[test]
@@ -34,25 +37,16 @@ fn a_backend_built_again_under_its_name_counts_on_in_one_series() {
     again.request(http::StatusCode::OK);
     again.ttfb(Duration::from_millis(1));
     let text = render(&m, vec![again]);
-    assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_requests_total{backend=\"a\",status=\"200\"}"
-        ),
-        vec!["agentrace_requests_total{backend=\"a\",status=\"200\"} 2"]
-    );
-    assert_eq!(
-        lines_starting(&text, "agentrace_upstream_latency_seconds_count"),
-        vec!["agentrace_upstream_latency_seconds_count{backend=\"a\"} 1"]
-    );
-    assert_eq!(
-        lines_starting(&text, "agentrace_upstream_ttfb_seconds_count"),
-        vec!["agentrace_upstream_ttfb_seconds_count{backend=\"a\"} 1"]
-    );
-    assert_eq!(
-        lines_starting(&text, "# TYPE agentrace_upstream_ttfb_seconds ").len(),
-        1
-    );
+    let ok = "agentrace_requests_total{backend=\"a\",status=\"200\"}";
+    assert_eq!(values(&text, ok), ["2"]);
+    let latency = "agentrace_upstream_latency_seconds_count{backend=\"a\"}";
+    assert_eq!(values(&text, latency), ["1"]);
+    let ttfb = "agentrace_upstream_ttfb_seconds_count{backend=\"a\"}";
+    assert_eq!(values(&text, ttfb), ["1"]);
+    let families = text
+        .matches("# TYPE agentrace_upstream_ttfb_seconds ")
+        .count();
+    assert_eq!(families, 1, "{text}");
 }
 
 #[test]
@@ -69,23 +63,13 @@ fn decisions_and_overhead_counted_on_other_threads_reach_the_exposition() {
         }
     });
     let text = render(&m, Vec::new());
+    let decisions = "agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"}";
+    assert_eq!(values(&text, decisions), ["1000"]);
+    let bucket = "agentrace_proxy_overhead_seconds_bucket{le=\"0.00001\"}";
+    assert_eq!(values(&text, bucket), ["1000"]);
     assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"}"
-        ),
-        vec!["agentrace_affinity_decisions_total{source=\"header\",outcome=\"hash\"} 1000"]
-    );
-    assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_proxy_overhead_seconds_bucket{le=\"0.00001\"}"
-        ),
-        vec!["agentrace_proxy_overhead_seconds_bucket{le=\"0.00001\"} 1000"]
-    );
-    assert!(
-        text.contains("agentrace_proxy_overhead_seconds_count 1000\n"),
-        "{text}"
+        values(&text, "agentrace_proxy_overhead_seconds_count"),
+        ["1000"]
     );
 }
 
@@ -101,37 +85,14 @@ fn a_backend_dropped_from_the_configuration_lets_its_series_go_and_its_200s_go_o
     render(&m, vec![gone.clone(), stays.clone()]);
     m.keep_backends(["stays"]);
     let text = render(&m, vec![stays.clone()]);
-    assert!(
-        lines_starting(
-            &text,
-            "agentrace_upstream_latency_seconds_count{backend=\"gone\"}"
-        )
-        .is_empty(),
-        "{text}"
-    );
-    assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_upstream_latency_seconds_count{backend=\"stays\"}"
-        )
-        .len(),
-        1
-    );
+    let latency =
+        |name: &str| format!("agentrace_upstream_latency_seconds_count{{backend=\"{name}\"}}");
+    assert!(values(&text, &latency("gone")).is_empty(), "{text}");
+    assert_eq!(values(&text, &latency("stays")), ["0"]);
     let back = m.backend("gone");
     back.request(http::StatusCode::OK);
     let text = render(&m, vec![stays, back]);
-    assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_requests_total{backend=\"gone\",status=\"200\"}"
-        ),
-        vec!["agentrace_requests_total{backend=\"gone\",status=\"200\"} 2"]
-    );
-    assert_eq!(
-        lines_starting(
-            &text,
-            "agentrace_upstream_latency_seconds_count{backend=\"gone\"}"
-        ),
-        vec!["agentrace_upstream_latency_seconds_count{backend=\"gone\"} 0"]
-    );
+    let ok = "agentrace_requests_total{backend=\"gone\",status=\"200\"}";
+    assert_eq!(values(&text, ok), ["2"]);
+    assert_eq!(values(&text, &latency("gone")), ["0"]);
 }
