@@ -217,6 +217,24 @@ struct BackendSeries {
     ttfb: DurationHistogram,
 }
 
+impl BackendSeries {
+    /// Hands the 200s counted so far to the exporter's series of them; returns the count.
+    fn export_ok(&self, recorder: &PrometheusRecorder) -> u64 {
+        let ok = self.ok.total(0);
+        if ok > 0 {
+            let exported = self.ok_exported.get_or_init(|| {
+                let labels = vec![
+                    Label::new("backend", self.name.clone()),
+                    Label::new("status", "200"),
+                ];
+                recorder.register_counter(&key("agentrace_requests_total", labels), &META)
+            });
+            exported.absolute(ok);
+        }
+        ok
+    }
+}
+
 /// Each configured backend name's series, kept across reloads that rebuild the backend.
 /// A name the configuration drops lets its series go (each is a few shards of cache lines, and
 /// names come and go with pods); only its count of 200s stays, for the exporter's counter of
@@ -431,8 +449,9 @@ impl ProxyMetrics {
         }
     }
 
-    /// Lets go of the series of backends no longer named in the configuration. Requests still
-    /// in flight to them count on in series no render shows.
+    /// Lets go of the series of backends no longer named in the configuration, their 200s
+    /// handed to the exporter first. Requests still in flight to them count on in series no
+    /// render shows.
     pub(crate) fn keep_backends<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
         let names: std::collections::HashSet<&str> = names.into_iter().collect();
         let mut registry = self.backend_series.lock();
@@ -441,7 +460,7 @@ impl ProxyMetrics {
             if names.contains(&*s.name) {
                 return true;
             }
-            let ok = s.ok.total(0);
+            let ok = s.export_ok(&self.recorder);
             if ok > 0 {
                 retired_ok.insert(s.name.clone(), ok);
             }
@@ -587,18 +606,7 @@ impl ProxyMetrics {
         }
         let series: Vec<Arc<BackendSeries>> = self.backend_series.lock().live.clone();
         for s in &series {
-            let ok = s.ok.total(0);
-            if ok > 0 {
-                let exported = s.ok_exported.get_or_init(|| {
-                    let labels = vec![
-                        Label::new("backend", s.name.clone()),
-                        Label::new("status", "200"),
-                    ];
-                    self.recorder
-                        .register_counter(&key("agentrace_requests_total", labels), &META)
-                });
-                exported.absolute(ok);
-            }
+            s.export_ok(&self.recorder);
         }
         let mut out = self.handle.render();
         sharded::render_family(
