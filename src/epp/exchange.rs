@@ -14,7 +14,7 @@ use http::Method;
 use super::reply;
 use super::Picker;
 use crate::http1::Fields;
-use crate::proxy::routing::{session_key, InFlight, Outcome, SessionKey};
+use crate::proxy::routing::{session_key, Commit, InFlight, Outcome, SessionKey};
 use crate::tap::KeySource;
 
 /// `BodySendMode::FULL_DUPLEX_STREAMED`: the body passes through the picker, which may hold it.
@@ -262,7 +262,7 @@ impl Exchange {
             });
         }
         let decision = router
-            .route(&pool, key.as_ref(), &excluded, true)
+            .route(&pool, key.as_ref(), &excluded, Commit::Placement)
             .ok_or_else(|| unavailable("no endpoint is available"))?;
         let backend = &pool.backends[decision.index];
         // The router sends somewhere when nothing is healthy; a picker cannot retry, so no.

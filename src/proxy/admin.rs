@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::routing::{Pool, SessionKey};
+use super::routing::{Commit, Pool, SessionKey};
 use super::Inner;
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error, OutFraming, RequestHead};
 use crate::shutdown::Shutdown;
@@ -322,7 +322,7 @@ fn session_json(inner: &Inner, pool: &Pool, key: String) -> serde_json::Value {
         .into_iter()
         .map(|i| &*pool.backends[i].name)
         .collect();
-    let decision = inner.router.route(pool, Some(&k), &[], false);
+    let decision = inner.router.route(pool, Some(&k), &[], Commit::Nothing);
     json!({
         "key": k.text,
         "rendezvous_order": ranking,

@@ -31,31 +31,35 @@ pub(crate) struct Exchange {
     at_event_boundary: bool,
 }
 
-/// A turn of a session the table placed, in flight until dropped: the session counts in its
+/// A turn of a session the table placed, in flight until it ends: the session counts in its
 /// backend's active context meanwhile, and its idle time starts when the turn ends. When lost
-/// caches are judged, the turn also reads its response for the usage the backend reports and
-/// tells the session table whether that backend still held the session's cache.
+/// caches are judged, the turn also reads its response for the usage the backend reports, and
+/// tells the session table, as the turn ends, whether that backend still held the session's
+/// cache: one lock of the table for both.
 pub(crate) struct SessionTurn {
     session: SessionId,
     inner: Arc<Inner>,
     /// The usage scan and `affinity.lost_cache_share`, when that is above 0.
     cache: Option<(UsageScan, f64)>,
+    ended: bool,
 }
 
 impl SessionTurn {
-    /// The turn now going out for `session`, when the table placed one.
+    /// The turn the router started for `session` ([`Commit::Turn`]), when it placed one.
+    ///
+    /// [`Commit::Turn`]: super::routing::Commit::Turn
     pub(crate) fn start(
         inner: &Arc<Inner>,
         pool: &Pool,
         session: Option<SessionId>,
     ) -> Option<Self> {
         let session = session?;
-        inner.router.sessions.turn_started(session);
         let lost_share = pool.affinity.lost_cache_share;
         Some(Self {
             session,
             inner: inner.clone(),
             cache: (lost_share > 0.0).then(|| (UsageScan::default(), lost_share)),
+            ended: false,
         })
     }
 
@@ -65,20 +69,30 @@ impl SessionTurn {
         }
     }
 
-    /// The response ended complete on `backend`: the usage it reported goes to the table.
-    fn report(&mut self, backend: &Arc<Backend>) {
-        if let Some((scan, lost_share)) = self.cache.take() {
+    /// The turn ends now (the table's marks go in the order they are made); its response
+    /// came complete from `complete_on`, if it did, and the usage that reported goes to the
+    /// table.
+    fn end(&mut self, complete_on: Option<&Arc<Backend>>) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let mut slot = self
+            .inner
+            .router
+            .sessions
+            .slot(self.session, Instant::now());
+        if let (Some(backend), Some((scan, lost_share))) = (complete_on, &self.cache) {
             if let Some(usage) = scan.usage() {
-                let sessions = &self.inner.router.sessions;
-                sessions.report_cache(self.session, backend, usage, lost_share);
+                slot.report_cache(backend, usage, *lost_share);
             }
         }
+        slot.end_turn();
     }
 }
 
 impl Drop for SessionTurn {
     fn drop(&mut self) {
-        self.inner.router.sessions.turn_ended(self.session);
+        self.end(None);
     }
 }
 
@@ -156,8 +170,9 @@ impl Exchange {
         self.backend
             .metrics
             .latency(now.duration_since(self.sent_at));
-        if let (ExchangeEnd::Complete, Some(turn)) = (&end, self.turn.as_mut()) {
-            turn.report(&self.backend);
+        if let Some(turn) = self.turn.as_mut() {
+            let complete = matches!(end, ExchangeEnd::Complete);
+            turn.end(complete.then_some(&self.backend));
         }
         if let Some(observer) = self.observer.take() {
             observer.end(end, now);

@@ -25,7 +25,7 @@ use super::metrics::{ClientTimeout, ErrorKind, RetryReason};
 use super::observed::{Exchange, ObservedBody, SessionTurn};
 use super::pool::{PoolError, UpstreamRequest, UpstreamResponse};
 use super::routing::{
-    fingerprint_applies, fingerprint_key, header_key, Backend, InFlight, SessionKey, Turn,
+    fingerprint_applies, fingerprint_key, header_key, Backend, Commit, InFlight, SessionKey, Turn,
 };
 use super::Inner;
 use crate::http1::fields::{is_valid_host, text};
@@ -356,7 +356,10 @@ async fn forward_held(
     let mut overhead = Duration::ZERO;
 
     let (backend, in_flight, turn, response, sent_at) = loop {
-        let Some(decision) = inner.router.route(&pool, key.as_ref(), &tried, true) else {
+        let Some(decision) = inner
+            .router
+            .route(&pool, key.as_ref(), &tried, Commit::Turn)
+        else {
             return refuse(
                 inner,
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -340,6 +340,18 @@ pub(crate) struct Decision {
     pub session: Option<SessionId>,
 }
 
+/// What the session table learns from a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    /// Nothing: a question about where a request would go.
+    Nothing,
+    /// The placement.
+    Placement,
+    /// The placement, and that a turn of the session is now in flight: the caller ends it
+    /// when the response does.
+    Turn,
+}
+
 /// The router: the current pool, the session table and the round-robin cursor.
 pub(crate) struct Router {
     pool: RwLock<Arc<Pool>>,
@@ -369,13 +381,13 @@ impl Router {
     }
 
     /// Chooses a backend for a request; `tried` lists backends that already failed for it.
-    /// With `commit`, the session table learns the placement.
+    /// The session table learns what `commit` says.
     pub(crate) fn route(
         &self,
         pool: &Pool,
         key: Option<&SessionKey>,
         tried: &[usize],
-        commit: bool,
+        commit: Commit,
     ) -> Option<Decision> {
         if pool.backends.is_empty() {
             return None;
@@ -434,14 +446,15 @@ impl Router {
         pool: &Pool,
         key: &SessionKey,
         tried: &[usize],
-        commit: bool,
+        commit: Commit,
     ) -> Option<Decision> {
         let plain = pool.first_choice(key.hash);
         // The full ranking is needed only when the first choice will not do.
         let mut ranking: Option<Vec<usize>> = None;
         let id = self.sessions.id(key);
-        let now = Instant::now();
-        let known = self.sessions.get_at(id, now).and_then(|k| {
+        // Read and written under one lock of the session's shard.
+        let mut slot = self.sessions.slot(id, Instant::now());
+        let known = slot.known().and_then(|k| {
             pool.index_of(&k.backend)
                 .map(|i| (i, k.pinned, k.cache_lost))
         });
@@ -514,16 +527,17 @@ impl Router {
             }
         }
 
-        if commit {
+        if commit != Commit::Nothing {
             let pinned = index != plain;
-            self.sessions.put(
-                id,
+            slot.place(
                 &pool.backends[index],
                 pinned,
                 outcome,
                 key.turn.context_bytes,
-                now,
             );
+            if commit == Commit::Turn {
+                slot.start_turn();
+            }
         }
         Some(Decision {
             index,

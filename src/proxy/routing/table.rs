@@ -241,47 +241,34 @@ impl SessionTable {
     /// Where the session is, unless unknown or idle past the TTL.
     #[cfg(test)]
     pub(crate) fn get(&self, id: SessionId) -> Option<Known> {
-        self.get_at(id, Instant::now())
+        self.slot(id, Instant::now()).known()
     }
 
-    /// [`SessionTable::get`] at `now`, which the router reads once for a request.
-    pub(crate) fn get_at(&self, id: SessionId, now: Instant) -> Option<Known> {
-        let (mut shard, _) = self.lock(id);
-        let entry = shard.map.get(&id)?;
-        if now.saturating_duration_since(entry.last_used) > self.ttl() {
-            self.evict(&mut shard, id);
-            return None;
+    /// The session's entry, locked at `now`: what one request reads and writes of it under a
+    /// single lock, as every lock of a shard moves its cache lines between the cores.
+    pub(crate) fn slot(&self, id: SessionId, now: Instant) -> Slot<'_> {
+        let (shard, cap) = self.lock(id);
+        Slot {
+            table: self,
+            shard,
+            cap,
+            id,
+            now,
         }
-        Some(Known {
-            backend: entry.backend.clone(),
-            pinned: entry.pinned,
-            cache_lost: entry.cache_lost,
-        })
     }
 
-    /// Learns from the usage `backend` reported for the session's request whether that
-    /// backend still held the session's cache: a continuing turn there with fewer than
-    /// `lost_share` of the previous turn's prompt tokens served from cache marks it lost (for
-    /// the next turn to move), while the first turn on a backend only sets the expectation.
-    /// Usage from a backend the session has since left is ignored.
-    pub(crate) fn report_cache(
+    /// Records a placement of a request of `bytes` at `now` and refreshes the session's last
+    /// use.
+    pub(crate) fn put(
         &self,
         id: SessionId,
         backend: &Arc<Backend>,
-        usage: CacheUsage,
-        lost_share: f64,
+        pinned: bool,
+        outcome: Outcome,
+        bytes: u64,
+        now: Instant,
     ) {
-        let (mut shard, _) = self.lock(id);
-        let Some(e) = shard.map.get_mut(&id) else {
-            return;
-        };
-        if !Arc::ptr_eq(&e.backend, backend) {
-            return;
-        }
-        if let Some(previous) = e.prompt_tokens {
-            e.cache_lost = (usage.cached_tokens as f64) < lost_share * previous as f64;
-        }
-        e.prompt_tokens = Some(usage.prompt_tokens);
+        self.slot(id, now).place(backend, pinned, outcome, bytes);
     }
 
     /// A read-only view for the admin API.
@@ -302,115 +289,6 @@ impl SessionTable {
     pub(crate) fn set_active_window(&self, window: Duration) {
         self.active_ms
             .store(window.as_millis() as u64, Ordering::Relaxed);
-    }
-
-    /// A turn of the session went out: it stays active until [`SessionTable::turn_ended`].
-    pub(crate) fn turn_started(&self, id: SessionId) {
-        let (mut shard, _) = self.lock(id);
-        if let Some(e) = shard.map.get_mut(&id) {
-            e.turns += 1;
-        }
-    }
-
-    /// A turn of the session ended: its idle time starts now, so a turn that outlasts the
-    /// active window leaves the session active for a whole window after it, as the backend
-    /// still holds its context then.
-    pub(crate) fn turn_ended(&self, id: SessionId) {
-        let now = Instant::now();
-        let (mut guard, _) = self.lock(id);
-        let Shard {
-            map,
-            order,
-            next_seq,
-            ..
-        } = &mut *guard;
-        let Some(e) = map.get_mut(&id) else {
-            return;
-        };
-        e.turns = e.turns.saturating_sub(1);
-        use_now(order, next_seq, id, e, now);
-        if !e.active {
-            e.active = true;
-            e.backend.hold(e.bytes);
-        }
-        guard.compact();
-    }
-
-    /// Records a placement of a request of `bytes` at `now` and refreshes the session's last
-    /// use.
-    pub(crate) fn put(
-        &self,
-        id: SessionId,
-        backend: &Arc<Backend>,
-        pinned: bool,
-        outcome: Outcome,
-        bytes: u64,
-        now: Instant,
-    ) {
-        let ttl = self.ttl();
-        let (mut guard, cap) = self.lock(id);
-        let Shard {
-            map,
-            order,
-            next_seq,
-            ..
-        } = &mut *guard;
-        match map.get_mut(&id) {
-            Some(e) => {
-                use_now(order, next_seq, id, e, now);
-                if e.active {
-                    e.backend.release(e.bytes);
-                }
-                backend.hold(bytes);
-                e.active = true;
-                e.bytes = bytes;
-                if !Arc::ptr_eq(&e.backend, backend) {
-                    e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
-                    backend.sessions.fetch_add(1, Ordering::Relaxed);
-                    e.backend = backend.clone();
-                    e.prompt_tokens = None;
-                    e.cache_lost = false;
-                }
-                if e.pinned != pinned {
-                    self.bound
-                        .fetch_add(if pinned { 1 } else { -1 }, Ordering::Relaxed);
-                    e.pinned = pinned;
-                }
-                e.outcome = outcome;
-            }
-            None => {
-                backend.sessions.fetch_add(1, Ordering::Relaxed);
-                backend.hold(bytes);
-                if pinned {
-                    self.bound.fetch_add(1, Ordering::Relaxed);
-                }
-                let mut entry = Entry {
-                    backend: backend.clone(),
-                    pinned,
-                    outcome,
-                    seq: 0,
-                    last_used: now,
-                    bytes,
-                    active: true,
-                    turns: 0,
-                    prompt_tokens: None,
-                    cache_lost: false,
-                };
-                use_now(order, next_seq, id, &mut entry, now);
-                map.insert(id, entry);
-            }
-        }
-        // Make room and drop what has idled out, oldest first.
-        let shard = &mut *guard;
-        while let Some(oldest) = shard.oldest() {
-            if shard.map.len() > cap || now.saturating_duration_since(oldest.at) > ttl {
-                self.evict(shard, oldest.id);
-            } else {
-                break;
-            }
-        }
-        shard.compact();
-        self.deactivate_idle(shard, now);
     }
 
     /// Takes sessions idle past the active window out of their backends' active context,
@@ -472,5 +350,158 @@ impl SessionTable {
     /// Sessions whose placement overrides the plain hash.
     pub(crate) fn bound(&self) -> u64 {
         self.bound.load(Ordering::Relaxed).max(0) as u64
+    }
+}
+
+/// One session's entry with its shard locked, at one instant; the lock goes with it.
+pub(crate) struct Slot<'a> {
+    table: &'a SessionTable,
+    shard: MutexGuard<'a, Shard>,
+    cap: usize,
+    id: SessionId,
+    now: Instant,
+}
+
+impl Slot<'_> {
+    /// Where the session is, unless unknown or idle past the TTL (then forgotten).
+    pub(crate) fn known(&mut self) -> Option<Known> {
+        let entry = self.shard.map.get(&self.id)?;
+        if self.now.saturating_duration_since(entry.last_used) > self.table.ttl() {
+            self.table.evict(&mut self.shard, self.id);
+            return None;
+        }
+        Some(Known {
+            backend: entry.backend.clone(),
+            pinned: entry.pinned,
+            cache_lost: entry.cache_lost,
+        })
+    }
+
+    /// Records a placement of a request of `bytes` and refreshes the session's last use.
+    pub(crate) fn place(
+        &mut self,
+        backend: &Arc<Backend>,
+        pinned: bool,
+        outcome: Outcome,
+        bytes: u64,
+    ) {
+        let (table, id, now) = (self.table, self.id, self.now);
+        let Shard {
+            map,
+            order,
+            next_seq,
+            ..
+        } = &mut *self.shard;
+        match map.get_mut(&id) {
+            Some(e) => {
+                use_now(order, next_seq, id, e, now);
+                if e.active {
+                    e.backend.release(e.bytes);
+                }
+                backend.hold(bytes);
+                e.active = true;
+                e.bytes = bytes;
+                if !Arc::ptr_eq(&e.backend, backend) {
+                    e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
+                    backend.sessions.fetch_add(1, Ordering::Relaxed);
+                    e.backend = backend.clone();
+                    e.prompt_tokens = None;
+                    e.cache_lost = false;
+                }
+                if e.pinned != pinned {
+                    table
+                        .bound
+                        .fetch_add(if pinned { 1 } else { -1 }, Ordering::Relaxed);
+                    e.pinned = pinned;
+                }
+                e.outcome = outcome;
+            }
+            None => {
+                backend.sessions.fetch_add(1, Ordering::Relaxed);
+                backend.hold(bytes);
+                if pinned {
+                    table.bound.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut entry = Entry {
+                    backend: backend.clone(),
+                    pinned,
+                    outcome,
+                    seq: 0,
+                    last_used: now,
+                    bytes,
+                    active: true,
+                    turns: 0,
+                    prompt_tokens: None,
+                    cache_lost: false,
+                };
+                use_now(order, next_seq, id, &mut entry, now);
+                map.insert(id, entry);
+            }
+        }
+        // Make room and drop what has idled out, oldest first.
+        let ttl = table.ttl();
+        let shard = &mut *self.shard;
+        while let Some(oldest) = shard.oldest() {
+            if shard.map.len() > self.cap || now.saturating_duration_since(oldest.at) > ttl {
+                table.evict(shard, oldest.id);
+            } else {
+                break;
+            }
+        }
+        shard.compact();
+        table.deactivate_idle(shard, now);
+    }
+
+    /// A turn of the session went out: it stays active until [`Slot::end_turn`].
+    pub(crate) fn start_turn(&mut self) {
+        if let Some(e) = self.shard.map.get_mut(&self.id) {
+            e.turns += 1;
+        }
+    }
+
+    /// Learns from the usage `backend` reported for the session's request whether that
+    /// backend still held the session's cache: a continuing turn there with fewer than
+    /// `lost_share` of the previous turn's prompt tokens served from cache marks it lost (for
+    /// the next turn to move), while the first turn on a backend only sets the expectation.
+    /// Usage from a backend the session has since left is ignored.
+    pub(crate) fn report_cache(
+        &mut self,
+        backend: &Arc<Backend>,
+        usage: CacheUsage,
+        lost_share: f64,
+    ) {
+        let Some(e) = self.shard.map.get_mut(&self.id) else {
+            return;
+        };
+        if !Arc::ptr_eq(&e.backend, backend) {
+            return;
+        }
+        if let Some(previous) = e.prompt_tokens {
+            e.cache_lost = (usage.cached_tokens as f64) < lost_share * previous as f64;
+        }
+        e.prompt_tokens = Some(usage.prompt_tokens);
+    }
+
+    /// A turn of the session ended: its idle time starts now, so a turn that outlasts the
+    /// active window leaves the session active for a whole window after it, as the backend
+    /// still holds its context then.
+    pub(crate) fn end_turn(&mut self) {
+        let (id, now) = (self.id, self.now);
+        let Shard {
+            map,
+            order,
+            next_seq,
+            ..
+        } = &mut *self.shard;
+        let Some(e) = map.get_mut(&id) else {
+            return;
+        };
+        e.turns = e.turns.saturating_sub(1);
+        use_now(order, next_seq, id, e, now);
+        if !e.active {
+            e.active = true;
+            e.backend.hold(e.bytes);
+        }
+        self.shard.compact();
     }
 }

@@ -69,7 +69,7 @@ fn router(pool: Pool) -> Router {
 fn place(r: &Router, key: &str) -> String {
     let pool = r.pool();
     let k = SessionKey::new(key.to_string(), KeySource::Header);
-    let d = r.route(&pool, Some(&k), &[], true).unwrap();
+    let d = r.route(&pool, Some(&k), &[], Commit::Placement).unwrap();
     pool.backends[d.index].name.to_string()
 }
 
@@ -299,11 +299,13 @@ fn failed_backend_is_skipped_on_retry_and_session_rebinds() {
     let r = router(pool_of(&["a", "b", "c"], 0.0));
     let pool = r.pool();
     let k = SessionKey::new("retry-me".into(), KeySource::Header);
-    let first = r.route(&pool, Some(&k), &[], true).unwrap();
-    let second = r.route(&pool, Some(&k), &[first.index], true).unwrap();
+    let first = r.route(&pool, Some(&k), &[], Commit::Placement).unwrap();
+    let second = r
+        .route(&pool, Some(&k), &[first.index], Commit::Placement)
+        .unwrap();
     assert_ne!(first.index, second.index);
     assert_eq!(second.outcome, Outcome::Failover);
-    let third = r.route(&pool, Some(&k), &[], true).unwrap();
+    let third = r.route(&pool, Some(&k), &[], Commit::Placement).unwrap();
     assert_eq!(third.index, second.index);
     assert_eq!(third.outcome, Outcome::Bound);
 }
@@ -316,7 +318,7 @@ fn no_key_goes_to_the_least_loaded_backend() {
     pool.backends[1].in_flight.store(1, Ordering::Relaxed);
     pool.backends[2].in_flight.store(2, Ordering::Relaxed);
     for _ in 0..5 {
-        let d = r.route(&pool, None, &[], true).unwrap();
+        let d = r.route(&pool, None, &[], Commit::Placement).unwrap();
         assert_eq!(d.index, 1);
         assert_eq!(d.outcome, Outcome::LeastLoaded);
     }
@@ -475,7 +477,7 @@ const LATER_TURN: &[u8] = br#"{"model":"m","messages":[{"role":"system","content
 fn route_turn(r: &Router, key: &str, body: &[u8]) -> Decision {
     let pool = r.pool();
     let k = SessionKey::new(key.to_string(), KeySource::Header).with_turn(Turn::of_body(body));
-    r.route(&pool, Some(&k), &[], true).unwrap()
+    r.route(&pool, Some(&k), &[], Commit::Placement).unwrap()
 }
 
 /// The first key (from `prefix`-0 on) whose first rendezvous choice is backend `index`.
@@ -571,7 +573,7 @@ fn hash_decides_when_holdings_are_even_or_the_conversation_continues() {
         let key = format!("even-{i}");
         let k =
             SessionKey::new(key.clone(), KeySource::Header).with_turn(Turn::of_body(FIRST_TURN));
-        let d = r.route(&pool, Some(&k), &[], false).unwrap();
+        let d = r.route(&pool, Some(&k), &[], Commit::Nothing).unwrap();
         assert_eq!(d.index, pool.first_choice(hash64(0, key.as_bytes())));
         assert_eq!(d.outcome, Outcome::Hash);
     }
@@ -649,22 +651,61 @@ async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() 
     let t = SessionTable::new(10, Duration::from_secs(1800));
     t.set_active_window(Duration::from_secs(20));
     let long = id_of(&t, "long");
-    t.put(long, a, false, Outcome::Hash, 500, Instant::now());
-    t.turn_started(long);
-    put_now(&t, "short", a, false, Outcome::Hash, 300);
-    t.turn_started(id_of(&t, "short"));
-    t.turn_ended(id_of(&t, "short"));
+    let short = id_of(&t, "short");
+    for (id, bytes) in [(long, 500), (short, 300)] {
+        let mut slot = t.slot(id, Instant::now());
+        slot.place(a, false, Outcome::Hash, bytes);
+        slot.start_turn();
+    }
+    t.slot(short, Instant::now()).end_turn();
     tokio::time::advance(Duration::from_secs(30)).await;
     t.sweep();
     // Thirty seconds into its turn, the long one still counts; the short one, done, does not.
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 500);
-    t.turn_ended(long);
+    t.slot(long, Instant::now()).end_turn();
     tokio::time::advance(Duration::from_secs(15)).await;
     t.sweep();
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 500);
     tokio::time::advance(Duration::from_secs(6)).await;
     t.sweep();
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
+/// A request routed as a turn keeps its session in its backend's active context until the
+/// turn ends, however long that takes; a placement alone (the endpoint picker's) lets it go
+/// a window after it.
+#[tokio::test(start_paused = true)]
+async fn a_routed_turn_holds_its_session_until_it_ends() {
+    let r = router(pool_of(&["a"], 0.0));
+    r.sessions.set_active_window(Duration::from_secs(20));
+    let pool = r.pool();
+    let a = &pool.backends[0];
+    let route = |key: &str, commit| {
+        let k = SessionKey::new(key.to_string(), KeySource::Header)
+            .with_turn(Turn::of_body(FIRST_TURN));
+        r.route(&pool, Some(&k), &[], commit)
+            .unwrap()
+            .session
+            .unwrap()
+    };
+    let turn = route("turn", Commit::Turn);
+    let held = a.active_bytes.load(Ordering::Relaxed);
+    route("placed", Commit::Placement);
+    assert!(a.active_bytes.load(Ordering::Relaxed) > held);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    r.sessions.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), held);
+    r.sessions.slot(turn, Instant::now()).end_turn();
+    tokio::time::advance(Duration::from_secs(21)).await;
+    r.sessions.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
+/// A turn of session `id` on `backend` ends with its response reporting `usage`.
+fn report(r: &Router, id: SessionId, backend: &Arc<Backend>, usage: CacheUsage, lost_share: f64) {
+    let mut slot = r.sessions.slot(id, Instant::now());
+    slot.report_cache(backend, usage, lost_share);
+    slot.end_turn();
 }
 
 fn usage(prompt_tokens: u64, cached_tokens: u64) -> CacheUsage {
@@ -693,13 +734,13 @@ fn a_session_whose_cache_was_lost_moves_to_the_backend_holding_least() {
         (0, Outcome::Hash, Some(id))
     );
     // First turn there: nothing to compare with, whatever was cached.
-    r.sessions.report_cache(id, &home, usage(1_000, 0), 0.5);
+    report(&r, id, &home, usage(1_000, 0), 0.5);
     assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
     // Most of the previous prompt was served from cache: still there.
-    r.sessions.report_cache(id, &home, usage(2_000, 900), 0.5);
+    report(&r, id, &home, usage(2_000, 900), 0.5);
     assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
     // Less than half of the previous 2,000 tokens: lost.
-    r.sessions.report_cache(id, &home, usage(3_000, 999), 0.5);
+    report(&r, id, &home, usage(3_000, 999), 0.5);
     let d = route_turn(&r, &key, LATER_TURN);
     assert_eq!((d.index, d.outcome), (2, Outcome::Moved));
     let d = route_turn(&r, &key, LATER_TURN);
@@ -712,8 +753,8 @@ fn a_session_whose_cache_was_lost_moves_to_the_backend_holding_least() {
 fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
     let lose = |r: &Router, key: &str, at: &Arc<Backend>| {
         let id = id_of(&r.sessions, key);
-        r.sessions.report_cache(id, at, usage(1_000, 1_000), 0.5);
-        r.sessions.report_cache(id, at, usage(2_000, 0), 0.5);
+        report(r, id, at, usage(1_000, 1_000), 0.5);
+        report(r, id, at, usage(2_000, 0), 0.5);
     };
     // Everyone else holds more: it stays.
     let r = router(pool_of(&["a", "b", "c"], 0.0));
@@ -736,7 +777,7 @@ fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
     // A retry after a failure fails over as before instead.
     lose(&r, &key, &pool.backends[0]);
     let k = SessionKey::new(key.clone(), KeySource::Header).with_turn(Turn::of_body(LATER_TURN));
-    let d = r.route(&pool, Some(&k), &[0], false).unwrap();
+    let d = r.route(&pool, Some(&k), &[0], Commit::Nothing).unwrap();
     assert_eq!(d.outcome, Outcome::Failover);
 
     // Judging off: never moves.
