@@ -9,6 +9,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam_utils::CachePadded;
+
 /// The first bytes of every body are never refused: small requests keep flowing while large
 /// uploads fill the budget. As much as a request head may take, so that a connection holding
 /// a small body holds no more than one holding a large head.
@@ -22,7 +24,9 @@ pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 #[derive(Debug)]
 pub(crate) struct BodyBudget {
     limit: u64,
-    held: AtomicU64,
+    /// On a line of its own: every request with a body writes it, from every worker, and
+    /// the proxy's read-mostly state sits next to it.
+    held: CachePadded<AtomicU64>,
 }
 
 impl BodyBudget {
@@ -30,7 +34,7 @@ impl BodyBudget {
     pub(crate) fn new(limit: u64) -> Self {
         Self {
             limit,
-            held: AtomicU64::new(0),
+            held: CachePadded::new(AtomicU64::new(0)),
         }
     }
 

@@ -4,7 +4,8 @@
 //! `http1` codec; `arrival` stamps a request with its first byte's kernel
 //! receive time; `ingress_h2` serves HTTP/2) → `routing` (session key, rendezvous pick,
 //! bindings) → `upstream` (failover; `forwarded` adds the proxy's hop to the request's
-//! headers) over `pool` (per-worker keep-alive connections) → `observed` (the response body,
+//! headers) over `pool` (per-worker keep-alive connections, which `view` hands each request
+//! with its worker's copy of the backend pool) → `observed` (the response body,
 //! streamed), which reports each exchange through the crate's [`tap`](crate::tap) (frame
 //! observers for the recorder); `health` and `admin` (with `metrics`) run beside them.
 
@@ -26,6 +27,7 @@ pub(crate) mod observed;
 pub(crate) mod pool;
 pub(crate) mod routing;
 pub(crate) mod upstream;
+pub(crate) mod view;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -102,8 +104,9 @@ pub struct Inner {
     /// the forwarding path's HTTP/1.1 and TLS, so a backend passes its probes only if
     /// forwarding can talk to it too.
     probe_pool: RwLock<Arc<pool::WorkerPool>>,
-    /// One connection pool per forwarding worker, so upstream connections live on its thread.
-    worker_pools: RwLock<Vec<Arc<pool::WorkerPool>>>,
+    /// Per forwarding worker, what its requests read: the pool, and its own upstream
+    /// connections, which live on its thread.
+    workers: view::WorkerViews,
     metrics: ProxyMetrics,
     sink: Option<Arc<dyn ExchangeSink>>,
     recorder: Mutex<Option<Recorder>>,
@@ -291,10 +294,11 @@ fn new_inner(
     router
         .sessions
         .set_active_window(Duration::from_secs_f64(config.affinity.active_secs));
+    let workers = view::WorkerViews::new(&router.pool(), worker_pools, &router.sessions);
     Arc::new(Inner {
         router,
         probe_pool: RwLock::new(probe_pool),
-        worker_pools: RwLock::new(worker_pools),
+        workers,
         metrics,
         sink,
         recorder: Mutex::new(recorder),
@@ -420,7 +424,7 @@ async fn housekeeping(inner: Arc<Inner>, mut stop: Shutdown) {
             _ = tokio::time::sleep_until(next) => {}
         }
         inner.router.sessions.sweep();
-        for pool in inner.worker_pools.read().iter() {
+        for pool in inner.workers.upstream_pools() {
             pool.reap();
         }
         inner.probe_pool.read().reap();
@@ -462,7 +466,7 @@ impl Inner {
             tracing::warn!("listen, listen_backlog, tls, client, admin, capture, workers, max_request_body_bytes and request_body_budget_bytes changes need a restart; keeping the running values");
         }
         let probe_pool = probe_pool(&config)?;
-        let worker_pools = worker_pools(&config, self.worker_pools.read().len())?;
+        let worker_pools = worker_pools(&config, self.workers.len())?;
         let pool = build_pool(&config, &self.metrics, Some(&self.router.pool()));
         self.router.sessions.set_limits(
             config.affinity.max_sessions,
@@ -472,9 +476,9 @@ impl Inner {
             .sessions
             .set_active_window(Duration::from_secs_f64(config.affinity.active_secs));
         *self.probe_pool.write() = probe_pool;
-        *self.worker_pools.write() = worker_pools;
         self.retries
             .store(config.upstream.retries, Ordering::Relaxed);
+        self.workers.replace(&pool, worker_pools);
         self.router.replace_pool(pool);
         current.backends = config.backends;
         current.affinity = config.affinity;

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use super::metrics::ErrorKind;
 use super::pool::UpstreamBody;
-use super::routing::{Backend, InFlight, Pool, SessionId, UsageScan};
-use super::Inner;
+use super::routing::{Backend, InFlight, SessionId, UsageScan};
+use super::view::WorkerView;
 use crate::http_body::BoxError;
 use crate::tap::{ExchangeEnd, ExchangeObserver};
 
@@ -38,7 +38,8 @@ pub(crate) struct Exchange {
 /// cache: one lock of the table for both.
 pub(crate) struct SessionTurn {
     session: SessionId,
-    inner: Arc<Inner>,
+    /// The worker's view, for its session table: a count only this worker's requests touch.
+    view: Arc<WorkerView>,
     /// The usage scan and `affinity.lost_cache_share`, when that is above 0.
     cache: Option<(UsageScan, f64)>,
     ended: bool,
@@ -48,16 +49,12 @@ impl SessionTurn {
     /// The turn the router started for `session` ([`Commit::Turn`]), when it placed one.
     ///
     /// [`Commit::Turn`]: super::routing::Commit::Turn
-    pub(crate) fn start(
-        inner: &Arc<Inner>,
-        pool: &Pool,
-        session: Option<SessionId>,
-    ) -> Option<Self> {
+    pub(crate) fn start(view: &Arc<WorkerView>, session: Option<SessionId>) -> Option<Self> {
         let session = session?;
-        let lost_share = pool.affinity.lost_cache_share;
+        let lost_share = view.pool.affinity.lost_cache_share;
         Some(Self {
             session,
-            inner: inner.clone(),
+            view: view.clone(),
             cache: (lost_share > 0.0).then(|| (UsageScan::default(), lost_share)),
             ended: false,
         })
@@ -76,11 +73,7 @@ impl SessionTurn {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
-        let mut slot = self
-            .inner
-            .router
-            .sessions
-            .slot(self.session, Instant::now());
+        let mut slot = self.view.sessions.slot(self.session, Instant::now());
         if let (Some(backend), Some((scan, lost_share))) = (complete_on, &self.cache) {
             if let Some(usage) = scan.usage() {
                 slot.report_cache(backend, usage, *lost_share);

@@ -316,7 +316,8 @@ async fn forward_held(
         headers,
         ..
     } = req;
-    let pool = inner.router.pool();
+    let view = inner.workers.get(client.worker);
+    let pool = &view.pool;
     let path_and_query = uri
         .path_and_query()
         .cloned()
@@ -350,16 +351,13 @@ async fn forward_held(
         )
     };
 
-    let upstream_pool = inner.worker_pools.read()[client.worker].clone();
+    let upstream_pool = &view.upstream;
     let retries = inner.retries.load(Ordering::Relaxed) as usize;
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = Duration::ZERO;
 
     let (backend, in_flight, turn, response, sent_at) = loop {
-        let Some(decision) = inner
-            .router
-            .route(&pool, key.as_ref(), &tried, Commit::Turn)
-        else {
+        let Some(decision) = inner.router.route(pool, key.as_ref(), &tried, Commit::Turn) else {
             return refuse(
                 inner,
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -381,7 +379,7 @@ async fn forward_held(
             declare_length,
             sent_at,
         };
-        let turn = SessionTurn::start(inner, &pool, decision.session);
+        let turn = SessionTurn::start(&view, decision.session);
         let attempt = Counted {
             in_flight: Some(InFlight::new(backend.clone())),
             send: upstream_pool.send(&backend.url, request),

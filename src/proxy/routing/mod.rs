@@ -213,7 +213,7 @@ impl AffinitySettings {
 }
 
 /// An immutable snapshot of the backends and affinity settings; a reload swaps in a new one.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Pool {
     /// The backends in configured order.
     pub backends: Vec<Arc<Backend>>,
@@ -355,8 +355,8 @@ pub(crate) enum Commit {
 /// The router: the current pool, the session table and the round-robin cursor.
 pub(crate) struct Router {
     pool: RwLock<Arc<Pool>>,
-    /// Remembered sessions.
-    pub sessions: SessionTable,
+    /// Remembered sessions (shared with the forwarding workers' views).
+    pub sessions: Arc<SessionTable>,
     cursor: AtomicUsize,
 }
 
@@ -365,7 +365,7 @@ impl Router {
     pub(crate) fn new(pool: Pool, max_sessions: usize, ttl: Duration) -> Self {
         Self {
             pool: RwLock::new(Arc::new(pool)),
-            sessions: SessionTable::new(max_sessions, ttl),
+            sessions: Arc::new(SessionTable::new(max_sessions, ttl)),
             cursor: AtomicUsize::new(0),
         }
     }
