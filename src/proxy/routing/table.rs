@@ -82,6 +82,9 @@ struct Shard {
     next_seq: u64,
     /// Entries with a lower `seq` are no longer active: the idle walk resumes here.
     active_from: u64,
+    /// When the use the idle walk last stopped at was made (none: walk): until that is past
+    /// the active window, so is every later use, and the walk would read the queue for nothing.
+    walk_stopped_at: Option<Instant>,
 }
 
 /// A session as shown by `GET /admin/sessions/{key}`.
@@ -186,6 +189,7 @@ impl SessionTable {
             for shard in guards.iter_mut() {
                 shard.order.clear();
                 shard.active_from = 0;
+                shard.walk_stopped_at = None;
                 entries.extend(shard.map.drain());
             }
             // Oldest first, so each shard's order stays least recently used first.
@@ -295,9 +299,17 @@ impl SessionTable {
     /// oldest first, resuming where the last walk stopped.
     fn deactivate_idle(&self, shard: &mut Shard, now: Instant) {
         let window = Duration::from_millis(self.active_ms.load(Ordering::Relaxed));
+        if shard
+            .walk_stopped_at
+            .is_some_and(|at| now.saturating_duration_since(at) <= window)
+        {
+            return;
+        }
         let mut from = shard.active_from;
+        let mut stopped_at = None;
         for used in shard.order.since(from) {
             if now.saturating_duration_since(used.at) <= window {
+                stopped_at = Some(used.at);
                 break;
             }
             // A session with a turn in flight stays active; the turn's end re-enters it
@@ -311,6 +323,7 @@ impl SessionTable {
             from = used.seq + 1;
         }
         shard.active_from = from;
+        shard.walk_stopped_at = stopped_at;
     }
 
     /// Forgets the session `id`; its marks in `order` go stale.

@@ -671,6 +671,25 @@ async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() 
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
 }
 
+/// The idle walk skips its work while the use it last stopped at is inside the active
+/// window; a window shortened since still lets a session go once it has idled past the new
+/// window, not the old one.
+#[tokio::test(start_paused = true)]
+async fn a_shortened_active_window_takes_effect_on_the_next_walk() {
+    let pool = pool_of(&["a"], 0.0);
+    let a = &pool.backends[0];
+    let t = SessionTable::new(10, Duration::from_secs(1800));
+    t.set_active_window(Duration::from_secs(20));
+    put_now(&t, "s", a, false, Outcome::Hash, 700);
+    t.sweep();
+    tokio::time::advance(Duration::from_secs(6)).await;
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 700);
+    t.set_active_window(Duration::from_secs(5));
+    t.sweep();
+    assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
 /// A request routed as a turn keeps its session in its backend's active context until the
 /// turn ends, however long that takes; a placement alone (the endpoint picker's) lets it go
 /// a window after it.
