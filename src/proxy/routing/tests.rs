@@ -641,15 +641,20 @@ fn idle_sessions_stop_counting_as_held() {
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
 }
 
+/// A pool of one backend and a table of ten sessions whose active window is `secs`.
+fn one_backend_with_window(secs: u64) -> (Pool, SessionTable) {
+    let t = SessionTable::new(10, Duration::from_secs(1800));
+    t.set_active_window(Duration::from_secs(secs));
+    (pool_of(&["a"], 0.0), t)
+}
+
 /// A session's idle time runs from the end of its last turn, not its start: while a turn is
 /// in flight the session counts in its backend's context however long the turn takes, and
 /// it stops counting only a whole window after the turn ended.
 #[tokio::test(start_paused = true)]
 async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() {
-    let pool = pool_of(&["a"], 0.0);
+    let (pool, t) = one_backend_with_window(20);
     let a = &pool.backends[0];
-    let t = SessionTable::new(10, Duration::from_secs(1800));
-    t.set_active_window(Duration::from_secs(20));
     let long = id_of(&t, "long");
     let short = id_of(&t, "short");
     for (id, bytes) in [(long, 500), (short, 300)] {
@@ -676,10 +681,8 @@ async fn a_turn_in_flight_keeps_its_session_held_until_a_window_after_it_ends() 
 /// window, not the old one.
 #[tokio::test(start_paused = true)]
 async fn a_shortened_active_window_takes_effect_on_the_next_walk() {
-    let pool = pool_of(&["a"], 0.0);
+    let (pool, t) = one_backend_with_window(20);
     let a = &pool.backends[0];
-    let t = SessionTable::new(10, Duration::from_secs(1800));
-    t.set_active_window(Duration::from_secs(20));
     put_now(&t, "s", a, false, Outcome::Hash, 700);
     t.sweep();
     tokio::time::advance(Duration::from_secs(6)).await;
