@@ -79,25 +79,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::proxy::config::{AffinityConfig, BackendUrl, HealthConfig, UpstreamConfig};
-    use crate::proxy::metrics::ProxyMetrics;
+    use crate::proxy::config::UpstreamConfig;
     use crate::proxy::pool::connection_pool;
-    use crate::proxy::routing::{AffinitySettings, Backend};
-
-    fn pool_of(names: &[&str]) -> Pool {
-        let metrics = ProxyMetrics::new();
-        Pool {
-            backends: names
-                .iter()
-                .map(|n| {
-                    let url = BackendUrl::parse("http://127.0.0.1:1").unwrap();
-                    Arc::new(Backend::new(n, url, 1.0, metrics.backend(n)))
-                })
-                .collect(),
-            affinity: AffinitySettings::from_config(&AffinityConfig::default()),
-            health: HealthConfig::default(),
-        }
-    }
+    use crate::proxy::routing::pool_of;
 
     fn upstream(n: usize) -> Vec<Arc<WorkerPool>> {
         let config = UpstreamConfig::default();
@@ -120,7 +104,7 @@ mod tests {
     #[test]
     fn a_replacement_reaches_every_workers_view_and_keeps_one_session_table() {
         let sessions = Arc::new(SessionTable::new(10, Duration::from_secs(60)));
-        let first = pool_of(&["a", "b"]);
+        let first = pool_of(&["a", "b"], 0.0);
         let views = WorkerViews::new(&first, upstream(3), &sessions);
         assert!(Arc::ptr_eq(
             &views.get(0).pool.backends[0],
@@ -128,7 +112,7 @@ mod tests {
         ));
         let old_upstream = views.upstream_pools();
 
-        let second = pool_of(&["c"]);
+        let second = pool_of(&["c"], 0.0);
         let fresh = upstream(3);
         views.replace(&second, fresh.clone());
         for worker in 0..views.len() {

@@ -286,6 +286,37 @@ impl Pool {
     }
 }
 
+/// A pool of equal-weight backends named `names` (none reachable), placing by plain hash
+/// with one choice: what the tests of routing and of what reads the pool start from.
+#[cfg(test)]
+pub(crate) fn pool_of(names: &[&str], load_factor: f64) -> Pool {
+    let metrics = crate::proxy::metrics::ProxyMetrics::new();
+    Pool {
+        backends: names
+            .iter()
+            .map(|n| {
+                Arc::new(Backend::new(
+                    n,
+                    BackendUrl::parse("http://127.0.0.1:1").unwrap(),
+                    1.0,
+                    metrics.backend(n),
+                ))
+            })
+            .collect(),
+        affinity: AffinitySettings {
+            policy: Policy::Session,
+            headers: vec![HeaderName::from_static("x-session-id")],
+            fingerprint: true,
+            load_factor,
+            context_factor: 0.0,
+            choices: 1,
+            lost_cache_share: 0.5,
+            kv_cache_tokens: 0,
+        },
+        health: HealthConfig::default(),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Decisions
 

@@ -9,34 +9,6 @@ use crate::http1::WireFields;
 use crate::proxy::metrics::ProxyMetrics;
 use crate::tap::KeySource;
 
-fn pool_of(names: &[&str], load_factor: f64) -> Pool {
-    let metrics = ProxyMetrics::new();
-    Pool {
-        backends: names
-            .iter()
-            .map(|n| {
-                Arc::new(Backend::new(
-                    n,
-                    BackendUrl::parse("http://127.0.0.1:1").unwrap(),
-                    1.0,
-                    metrics.backend(n),
-                ))
-            })
-            .collect(),
-        affinity: AffinitySettings {
-            policy: Policy::Session,
-            headers: vec![HeaderName::from_static("x-session-id")],
-            fingerprint: true,
-            load_factor,
-            context_factor: 0.0,
-            choices: 1,
-            lost_cache_share: 0.5,
-            kv_cache_tokens: 0,
-        },
-        health: HealthConfig::default(),
-    }
-}
-
 fn id_of(t: &SessionTable, key: &str) -> SessionId {
     t.id(&SessionKey::new(key.to_string(), KeySource::Header))
 }
