@@ -21,7 +21,7 @@ fn quick_args(dataset: &Path, out: &Path) -> DemoArgs {
         kv_tokens: None,
         time_scale: None,
         sweep: None,
-        load_factor: 1.25,
+        load_factor: 2.0,
         dataset: Some(dataset.to_path_buf()),
         out: out.to_path_buf(),
         no_progress: true,

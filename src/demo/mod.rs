@@ -49,7 +49,7 @@ pub struct DemoArgs {
     pub sweep: Option<String>,
     /// Bounded-load factor of the affinity run: a few dozen sessions hash unevenly over a
     /// few replicas, and the bound evens them out (the proxy's default).
-    #[arg(long, default_value_t = 1.25)]
+    #[arg(long, default_value_t = 2.0)]
     pub load_factor: f64,
     /// MLPerf agentic dataset to draw from [default: the standard set, generated on first use].
     #[arg(long)]

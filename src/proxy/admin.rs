@@ -304,6 +304,7 @@ fn backend_json(b: &super::routing::Backend) -> serde_json::Value {
         "active_context_bytes": b.active_bytes.load(Ordering::Relaxed).max(0),
         // 0 until the backend's /metrics states it.
         "kv_cache_tokens": b.kv_cache_tokens.load(Ordering::Relaxed),
+        "bytes_per_token": b.bytes_per_token(),
     })
 }
 

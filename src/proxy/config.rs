@@ -285,7 +285,9 @@ pub struct AffinityConfig {
     pub active_secs: f64,
     /// A continuing turn whose backend reports fewer than this share of the previous turn's
     /// prompt tokens as cached has lost its cache there; the session's next turn moves to the
-    /// backend holding the least active context, if that holds less (0 turns this off).
+    /// backend holding the least active context among those it leaves within their KV cache,
+    /// if that holds less, or with no room anywhere to the one furthest over its cache (0
+    /// turns this off).
     pub lost_cache_share: f64,
     /// Each backend's KV cache in tokens (a backend of weight `w` holds `w` times this), or 0
     /// when unknown. Known, a session with a cache spills for the in-flight bound only off a
@@ -430,7 +432,7 @@ impl Default for AffinityConfig {
                 .map(|h| h.to_string())
                 .collect(),
             fingerprint: true,
-            load_factor: 1.25,
+            load_factor: 2.0,
             session_ttl_secs: 30 * 60,
             max_sessions: 1_000_000,
             context_factor: 1.1,

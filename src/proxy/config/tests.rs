@@ -18,7 +18,7 @@ fn defaults_match_the_documented_values() {
     assert_eq!(c.client.max_connections, 10_000);
     assert_eq!(c.client.max_tls_handshakes, 64);
     assert_eq!(c.affinity.policy, Policy::Session);
-    assert_eq!(c.affinity.load_factor, 1.25);
+    assert_eq!(c.affinity.load_factor, 2.0);
     assert_eq!(c.affinity.session_ttl_secs, 1800);
     assert_eq!(c.affinity.max_sessions, 1_000_000);
     assert_eq!(c.affinity.active_secs, 20.0);

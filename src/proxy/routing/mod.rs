@@ -15,7 +15,8 @@
 //! every placement that differs from the plain hash, so a session stays with the cache it built.
 //! Sessions that started together grow apart, which no first-turn placement foresees: when a
 //! backend's reported usage shows it evicted a session's cache, the session's next turn moves
-//! to the backend holding the least active context, if that holds less.
+//! to the backend holding the least active context among those it fits within, or, where
+//! none has room, joins the backend furthest over its KV cache, so the loss stays in one place.
 //!
 //! Layout: `hash` (published hashes), `key` (session keys and turns), this file (backends,
 //! pool, decisions), `table` (the session table), `usage` (the cache a response reports).
@@ -97,6 +98,10 @@ pub(crate) struct Backend {
     pub active_bytes: AtomicI64,
     /// Its KV cache in tokens, as its `/metrics` stated it (0 until then, or if it does not).
     pub kv_cache_tokens: AtomicU64,
+    /// Request body bytes per prompt token, learnt from the usage its responses report, in
+    /// thousandths (0 until a report): what turns its KV cache size into the body bytes
+    /// active context is counted in.
+    pub bytes_per_token_milli: AtomicU32,
     /// Its `/metrics` gave an answer other than a 5xx (stating a cache size or not): not
     /// asked again.
     pub kv_cache_asked: AtomicBool,
@@ -136,6 +141,7 @@ impl Backend {
             sessions: AtomicI64::new(0),
             active_bytes: AtomicI64::new(0),
             kv_cache_tokens: AtomicU64::new(0),
+            bytes_per_token_milli: AtomicU32::new(0),
             kv_cache_asked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
@@ -154,9 +160,43 @@ impl Backend {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// The active context this backend holds, in request bytes.
+    fn held(&self) -> f64 {
+        self.active_bytes.load(Ordering::Relaxed).max(0) as f64
+    }
+
     /// The active context this backend holds, per unit of weight.
     fn held_per_weight(&self) -> f64 {
-        self.active_bytes.load(Ordering::Relaxed).max(0) as f64 / self.weight
+        self.held() / self.weight
+    }
+
+    /// Request body bytes per prompt token: as learnt from reported usage, else
+    /// [`BYTES_PER_TOKEN`].
+    pub(crate) fn bytes_per_token(&self) -> f64 {
+        match self.bytes_per_token_milli.load(Ordering::Relaxed) {
+            0 => BYTES_PER_TOKEN as f64,
+            milli => f64::from(milli) / 1000.0,
+        }
+    }
+
+    /// Learns from one response that a request body of `bytes` came to `prompt_tokens`
+    /// tokens: a moving average over about the last eight reports, as prompts of one
+    /// backend's tokenizer vary little in their ratio. Racing reports may lose one another's
+    /// update, which the average absorbs.
+    pub(crate) fn learn_bytes_per_token(&self, bytes: u64, prompt_tokens: u64) {
+        if bytes == 0 || prompt_tokens == 0 {
+            return;
+        }
+        let ratio = (bytes as f64 / prompt_tokens as f64).clamp(0.5, 64.0);
+        let learnt = match self.bytes_per_token_milli.load(Ordering::Relaxed) {
+            0 => ratio,
+            milli => {
+                let old = f64::from(milli) / 1000.0;
+                old + (ratio - old) / 8.0
+            }
+        };
+        self.bytes_per_token_milli
+            .store((learnt * 1000.0).round() as u32, Ordering::Relaxed);
     }
 
     pub(crate) fn hold(&self, bytes: u64) {
@@ -578,21 +618,39 @@ impl Router {
     }
 }
 
-/// Where a session whose backend `from` lost its cache goes: the backend taking new sessions
-/// that holds the least active context per unit of weight, if it would hold less than `from`
-/// does now even with this session's `bytes` added; else nowhere (it stays).
+/// Where a session whose backend `from` lost its cache goes, if anywhere (else it stays).
+///
+/// A cache holds its sessions' prefixes until their sum passes its size; past it, every
+/// session there is evicted round after round, as the engine preempts and recomputes. So:
+/// - to the backend holding the least active context per unit of weight among those that
+///   would still hold no more than their KV cache with this session's `bytes` added (any
+///   backend, where sizes are unknown), if it would hold less than `from` does now;
+/// - when none has room and `from` is over its own cache, to the backend furthest over its
+///   cache, if further than `from`: the loss gathers where it already is, and the others shed
+///   sessions until they fit again. Spreading it would push every backend past its size.
 fn new_home(pool: &Pool, from: usize, bytes: u64) -> Option<usize> {
     if pool.affinity.lost_cache_share <= 0.0 {
         return None;
     }
-    let (held, to) = pool
-        .backends
-        .iter()
-        .enumerate()
-        .filter(|&(i, b)| i != from && b.takes_new())
+    let others = || {
+        pool.backends
+            .iter()
+            .enumerate()
+            .filter(move |&(i, b)| i != from && b.takes_new())
+    };
+    let with_room = others()
+        .filter(|&(i, _)| has_room(pool, i, bytes))
         .map(|(i, b)| (b.held_per_weight() + bytes as f64 / b.weight, i))
-        .min_by(|a, b| a.0.total_cmp(&b.0))?;
-    (held < pool.backends[from].held_per_weight()).then_some(to)
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((held, to)) = with_room {
+        return (held < pool.backends[from].held_per_weight()).then_some(to);
+    }
+    let fill = |i: usize| kv_cache_bytes(pool, i).map(|kv| pool.backends[i].held() / kv);
+    let own = fill(from).filter(|&f| f > 1.0)?;
+    let (fullest, to) = others()
+        .filter_map(|(i, _)| fill(i).map(|f| (f, i)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))?;
+    (fullest > own).then_some(to)
 }
 
 /// Where a new session of `bytes` starts: its first choice (`ranked[0]`, usable) while that
@@ -605,16 +663,11 @@ fn starting_backend(pool: &Pool, ranked: &[usize], bytes: u64) -> usize {
     if factor <= 0.0 {
         return head;
     }
-    let (held, weight) =
-        pool.backends
-            .iter()
-            .filter(|b| b.takes_new())
-            .fold((0.0, 0.0), |(h, w), b| {
-                (
-                    h + b.active_bytes.load(Ordering::Relaxed).max(0) as f64,
-                    w + b.weight,
-                )
-            });
+    let (held, weight) = pool
+        .backends
+        .iter()
+        .filter(|b| b.takes_new())
+        .fold((0.0, 0.0), |(h, w), b| (h + b.held(), w + b.weight));
     let first = &pool.backends[head];
     let bound = factor * (held + bytes as f64) / weight;
     if weight <= 0.0 || first.held_per_weight() + bytes as f64 / first.weight <= bound {
@@ -630,19 +683,31 @@ fn starting_backend(pool: &Pool, ranked: &[usize], bytes: u64) -> usize {
     best.1
 }
 
-/// Request bytes per token, to read the active context (body bytes) in tokens: about what
-/// English text and JSON take, and what the simulator counts.
+/// Request bytes per token until a backend's usage reports teach it better: about what
+/// English text and JSON take.
 const BYTES_PER_TOKEN: u64 = 4;
 
-/// Whether backend `i` holds more active context than its KV cache: `affinity.kv_cache_tokens`
-/// when set, else what its `/metrics` stated; always, when neither says.
-fn over_memory(pool: &Pool, i: usize) -> bool {
+/// Backend `i`'s KV cache in request bytes: `affinity.kv_cache_tokens` when set, else what its
+/// `/metrics` stated; None when neither says.
+fn kv_cache_bytes(pool: &Pool, i: usize) -> Option<f64> {
     let b = &pool.backends[i];
     let kv = match pool.affinity.kv_cache_tokens {
         0 => b.kv_cache_tokens.load(Ordering::Relaxed) as f64,
         set => set as f64 * b.weight,
     };
-    kv <= 0.0 || b.active_bytes.load(Ordering::Relaxed).max(0) as f64 > kv * BYTES_PER_TOKEN as f64
+    (kv > 0.0).then_some(kv * b.bytes_per_token())
+}
+
+/// Whether backend `i` would still hold no more active context than its KV cache with `bytes`
+/// more; always, when its size is unknown.
+fn has_room(pool: &Pool, i: usize, bytes: u64) -> bool {
+    kv_cache_bytes(pool, i).is_none_or(|kv| pool.backends[i].held() + bytes as f64 <= kv)
+}
+
+/// Whether backend `i` holds more active context than its KV cache; always, when its size is
+/// unknown.
+fn over_memory(pool: &Pool, i: usize) -> bool {
+    kv_cache_bytes(pool, i).is_none_or(|kv| pool.backends[i].held() > kv)
 }
 
 /// The most requests a backend may have in flight before a session spills to its next choice:

@@ -489,6 +489,7 @@ impl Slot<'_> {
         if !Arc::ptr_eq(&e.backend, backend) {
             return;
         }
+        backend.learn_bytes_per_token(e.bytes, usage.prompt_tokens);
         if let Some(previous) = e.prompt_tokens {
             e.cache_lost = (usage.cached_tokens as f64) < lost_share * previous as f64;
         }

@@ -786,6 +786,100 @@ fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
     assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
 }
 
+/// A three-backend router whose backends each state a KV cache of 1,000 tokens of 4 bytes
+/// (whatever the reports taught) and hold `held` bytes of active context, and a session homed
+/// on the first whose cache there was just judged lost.
+fn lost_on_first_of_three_caches(held: [u64; 3]) -> (Router, String) {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "lost");
+    route_turn(&r, &key, FIRST_TURN);
+    let id = id_of(&r.sessions, &key);
+    report(&r, id, &pool.backends[0], usage(1_000, 1_000), 0.5);
+    report(&r, id, &pool.backends[0], usage(2_000, 0), 0.5);
+    for (b, bytes) in pool.backends.iter().zip(held) {
+        b.kv_cache_tokens.store(1_000, Ordering::Relaxed);
+        b.bytes_per_token_milli.store(4_000, Ordering::Relaxed);
+        b.active_bytes.store(bytes as i64, Ordering::Relaxed);
+    }
+    (r, key)
+}
+
+/// A backend's KV cache is judged in the body bytes its tokenizer makes of a token, learnt
+/// from the usage its responses report: until a report, 4; after reports of 6 bytes a token,
+/// close to 6, so a backend of 1,000 tokens holding 5,000 bytes has room left.
+#[test]
+fn the_bytes_a_token_takes_are_learnt_from_reported_usage() {
+    let pool = pool_of(&["a"], 0.0);
+    let a = &pool.backends[0];
+    a.kv_cache_tokens.store(1_000, Ordering::Relaxed);
+    a.hold(5_000);
+    assert_eq!(a.bytes_per_token(), 4.0);
+    assert!(over_memory(&pool, 0));
+    a.learn_bytes_per_token(6_000, 1_000);
+    assert_eq!(a.bytes_per_token(), 6.0);
+    a.learn_bytes_per_token(3_000, 1_000);
+    assert!((a.bytes_per_token() - 5.625).abs() < 1e-3);
+    for _ in 0..40 {
+        a.learn_bytes_per_token(6_000, 1_000);
+    }
+    assert!((a.bytes_per_token() - 6.0).abs() < 0.01);
+    assert!(!over_memory(&pool, 0));
+    // Reports without tokens teach nothing.
+    a.learn_bytes_per_token(6_000, 0);
+    assert!((a.bytes_per_token() - 6.0).abs() < 0.01);
+}
+
+/// The usage a response reports teaches the backend that served it, from the body of the
+/// request it answers; a report from a backend the session has left teaches nothing.
+#[test]
+fn a_cache_report_teaches_its_backend_the_bytes_a_token_takes() {
+    let r = router(pool_of(&["a", "b"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "learn");
+    route_turn(&r, &key, FIRST_TURN);
+    let id = id_of(&r.sessions, &key);
+    let tokens = FIRST_TURN.len() as u64 / 2;
+    report(&r, id, &pool.backends[1], usage(tokens, 0), 0.5);
+    assert_eq!(pool.backends[1].bytes_per_token(), 4.0);
+    report(&r, id, &pool.backends[0], usage(tokens, 0), 0.5);
+    let learnt = pool.backends[0].bytes_per_token();
+    assert!(
+        (learnt - FIRST_TURN.len() as f64 / tokens as f64).abs() < 1e-3,
+        "{learnt}"
+    );
+}
+
+/// A session that lost its cache moves only onto a backend that still holds no more than its
+/// KV cache with the session added: pushing a second backend past its size would spread the
+/// evictions, not end them.
+#[test]
+fn a_lost_cache_never_moves_a_session_onto_a_backend_it_would_push_past_its_cache() {
+    // b holds least but the session would take it past 4,000 bytes; c has room.
+    let (r, key) = lost_on_first_of_three_caches([9_000, 3_950, 3_000]);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (2, Outcome::Moved));
+
+    // Nobody has room and the session's own backend is the furthest over: it stays.
+    let (r, key) = lost_on_first_of_three_caches([9_000, 3_990, 4_500]);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (0, Outcome::Hash));
+}
+
+/// When no backend has room for a session that lost its cache on a backend over its size, it
+/// joins the backend furthest over its own, so that the others can shed sessions until they
+/// fit; a session whose backend is within its size has nothing to gain there and stays.
+#[test]
+fn a_lost_cache_with_no_room_anywhere_gathers_on_the_fullest_backend() {
+    let (r, key) = lost_on_first_of_three_caches([4_400, 6_000, 5_000]);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (1, Outcome::Moved));
+
+    let (r, key) = lost_on_first_of_three_caches([3_000, 6_000, 5_000]);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.outcome), (0, Outcome::Hash));
+}
+
 /// Over the in-flight bound, a session with a cache spills only off a backend holding more
 /// active context than its KV cache, whether `kv_cache_tokens` sets it or the backend's
 /// `/metrics` stated it: one that holds its sessions drains its queue at less cost than a
