@@ -786,25 +786,6 @@ fn a_lost_cache_moves_a_session_only_to_a_backend_holding_less() {
     assert_eq!(route_turn(&r, &key, LATER_TURN).outcome, Outcome::Hash);
 }
 
-/// A three-backend router whose backends each state a KV cache of 1,000 tokens of 4 bytes
-/// (whatever the reports taught) and hold `held` bytes of active context, and a session homed
-/// on the first whose cache there was just judged lost.
-fn lost_on_first_of_three_caches(held: [u64; 3]) -> (Router, String) {
-    let r = router(pool_of(&["a", "b", "c"], 0.0));
-    let pool = r.pool();
-    let key = key_homed_on(&pool, 0, "lost");
-    route_turn(&r, &key, FIRST_TURN);
-    let id = id_of(&r.sessions, &key);
-    report(&r, id, &pool.backends[0], usage(1_000, 1_000), 0.5);
-    report(&r, id, &pool.backends[0], usage(2_000, 0), 0.5);
-    for (b, bytes) in pool.backends.iter().zip(held) {
-        b.kv_cache_tokens.store(1_000, Ordering::Relaxed);
-        b.bytes_per_token_milli.store(4_000, Ordering::Relaxed);
-        b.active_bytes.store(bytes as i64, Ordering::Relaxed);
-    }
-    (r, key)
-}
-
 /// A backend's KV cache is judged in the body bytes its tokenizer makes of a token, learnt
 /// from the usage its responses report: until a report, 4; after reports of 6 bytes a token,
 /// close to 6, so a backend of 1,000 tokens holding 5,000 bytes has room left.
@@ -850,20 +831,37 @@ fn a_cache_report_teaches_its_backend_the_bytes_a_token_takes() {
     );
 }
 
+/// Where the next turn goes of a session homed on the first of three backends, whose cache
+/// there was just judged lost, when each backend states a KV cache of 1,000 tokens of 4 bytes
+/// (whatever the reports taught) and holds `held` bytes of active context.
+fn next_turn_after_losing_cache_on_first(held: [u64; 3]) -> (usize, Outcome) {
+    let r = router(pool_of(&["a", "b", "c"], 0.0));
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "lost");
+    route_turn(&r, &key, FIRST_TURN);
+    let id = id_of(&r.sessions, &key);
+    report(&r, id, &pool.backends[0], usage(1_000, 1_000), 0.5);
+    report(&r, id, &pool.backends[0], usage(2_000, 0), 0.5);
+    for (b, bytes) in pool.backends.iter().zip(held) {
+        b.kv_cache_tokens.store(1_000, Ordering::Relaxed);
+        b.bytes_per_token_milli.store(4_000, Ordering::Relaxed);
+        b.active_bytes.store(bytes as i64, Ordering::Relaxed);
+    }
+    let d = route_turn(&r, &key, LATER_TURN);
+    (d.index, d.outcome)
+}
+
 /// A session that lost its cache moves only onto a backend that still holds no more than its
 /// KV cache with the session added: pushing a second backend past its size would spread the
 /// evictions, not end them.
 #[test]
 fn a_lost_cache_never_moves_a_session_onto_a_backend_it_would_push_past_its_cache() {
     // b holds least but the session would take it past 4,000 bytes; c has room.
-    let (r, key) = lost_on_first_of_three_caches([9_000, 3_950, 3_000]);
-    let d = route_turn(&r, &key, LATER_TURN);
-    assert_eq!((d.index, d.outcome), (2, Outcome::Moved));
-
+    let next = next_turn_after_losing_cache_on_first([9_000, 3_950, 3_000]);
+    assert_eq!(next, (2, Outcome::Moved));
     // Nobody has room and the session's own backend is the furthest over: it stays.
-    let (r, key) = lost_on_first_of_three_caches([9_000, 3_990, 4_500]);
-    let d = route_turn(&r, &key, LATER_TURN);
-    assert_eq!((d.index, d.outcome), (0, Outcome::Hash));
+    let next = next_turn_after_losing_cache_on_first([9_000, 3_990, 4_500]);
+    assert_eq!(next, (0, Outcome::Hash));
 }
 
 /// When no backend has room for a session that lost its cache on a backend over its size, it
@@ -871,13 +869,10 @@ fn a_lost_cache_never_moves_a_session_onto_a_backend_it_would_push_past_its_cach
 /// fit; a session whose backend is within its size has nothing to gain there and stays.
 #[test]
 fn a_lost_cache_with_no_room_anywhere_gathers_on_the_fullest_backend() {
-    let (r, key) = lost_on_first_of_three_caches([4_400, 6_000, 5_000]);
-    let d = route_turn(&r, &key, LATER_TURN);
-    assert_eq!((d.index, d.outcome), (1, Outcome::Moved));
-
-    let (r, key) = lost_on_first_of_three_caches([3_000, 6_000, 5_000]);
-    let d = route_turn(&r, &key, LATER_TURN);
-    assert_eq!((d.index, d.outcome), (0, Outcome::Hash));
+    let next = next_turn_after_losing_cache_on_first([4_400, 6_000, 5_000]);
+    assert_eq!(next, (1, Outcome::Moved));
+    let next = next_turn_after_losing_cache_on_first([3_000, 6_000, 5_000]);
+    assert_eq!(next, (0, Outcome::Hash));
 }
 
 /// Over the in-flight bound, a session with a cache spills only off a backend holding more
