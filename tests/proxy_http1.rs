@@ -12,9 +12,9 @@
 //! transfer coding gets 502 instead of reaching the client as coded bytes; a truncated
 //! upstream body is never passed off as complete; a pooled upstream connection that the
 //! backend closed is replaced on the same backend instead of failing over, and a backend that
-//! closes after each streamed response is learned and not reused after one; a request that
-//! reached its backend whole is sent again only when safe or allowed, one that provably did not
-//! is; a backend's interim responses are capped, and a client that hangs up during them cancels
+//! closes after each streamed response is learned (by watching, or from the first request its
+//! close crosses) and not reused after one; a request that reached its backend whole is sent
+//! again only when safe or allowed, one that provably did not (a reset with it unread) is; a backend's interim responses are capped, and a client that hangs up during them cancels
 //! the request; `Connection: close` from the client closes after the response; a client that
 //! sends nothing, stalls in a head or
 //! a body, or idles past the idle timeout is closed (with 408 when a request was under way),
@@ -731,16 +731,14 @@ async fn a_pooled_connection_closed_while_idle_is_replaced_without_failover() {
 }
 
 /// Two POSTs on one client connection to a backend that answers the first and closes its
-/// pooled connection on receiving the second, before any response byte: the replies, and the
-/// requests the backend and `other` saw.
-async fn post_twice_to_a_backend_that_drops_the_second(
+/// pooled connection on the second as `closes` says, before any response byte: the replies,
+/// and the requests the backend and `other` saw.
+async fn post_twice_to_a_backend_that_closes_on_the_second(
+    closes: After,
     retry_after_send: bool,
 ) -> (Vec<Reply>, RawBackend, TestBackend) {
-    let racing = RawBackend::spawn(
-        &[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"],
-        After::DropTheNext,
-    )
-    .await;
+    let racing =
+        RawBackend::spawn(&[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"], closes).await;
     let other = TestBackend::spawn("other").await;
     let mut config = config_over(&[("racing", racing.url()), ("other", other.url())]);
     config.upstream.retry_after_send = retry_after_send;
@@ -775,7 +773,8 @@ fn bodies_seen(backend: &RawBackend) -> Vec<Vec<u8>> {
 /// fresh connection nor to the next backend.
 #[tokio::test]
 async fn a_post_a_pooled_connection_closed_under_is_not_sent_again() {
-    let (replies, racing, other) = post_twice_to_a_backend_that_drops_the_second(false).await;
+    let (replies, racing, other) =
+        post_twice_to_a_backend_that_closes_on_the_second(After::DropTheNext, false).await;
     assert_eq!(replies[0].status, 200, "{:?}", replies[0]);
     assert_eq!(replies[1].status, 502, "{:?}", replies[1]);
     assert_eq!(
@@ -791,7 +790,8 @@ async fn a_post_a_pooled_connection_closed_under_is_not_sent_again() {
 /// the same backend (not failed over).
 #[tokio::test]
 async fn with_retry_after_send_a_post_a_pooled_connection_closed_under_is_sent_again() {
-    let (replies, racing, other) = post_twice_to_a_backend_that_drops_the_second(true).await;
+    let (replies, racing, other) =
+        post_twice_to_a_backend_that_closes_on_the_second(After::DropTheNext, true).await;
     for reply in &replies {
         assert_eq!(reply.status, 200, "{reply:?}");
         assert_eq!(
@@ -808,6 +808,66 @@ async fn with_retry_after_send_a_post_a_pooled_connection_closed_under_is_sent_a
     assert_eq!(racing.accepted(), 2, "one fresh connection for the resend");
     assert_eq!(racing.answered(), 2);
     assert_eq!(other.hits(), 0, "the request failed over");
+}
+
+/// A POST written to a pooled connection that the backend closes with the request unread (its
+/// kernel then resets the connection) never reached the backend's application: it is sent
+/// again on a fresh connection to the same backend, not failed over, and answered.
+#[tokio::test]
+async fn a_post_a_pooled_connection_was_reset_under_unread_is_sent_again() {
+    let (replies, racing, other) =
+        post_twice_to_a_backend_that_closes_on_the_second(After::ResetsTheNext, false).await;
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            reply.header("x-agentrace-backend").as_deref(),
+            Some("racing")
+        );
+    }
+    assert_eq!(racing.reset_unread(), 1);
+    assert_eq!(bodies_seen(&racing), [&b"first"[..], b"second"]);
+    assert_eq!(racing.accepted(), 2, "one fresh connection for the resend");
+    assert_eq!(other.hits(), 0, "the request failed over");
+}
+
+/// A backend whose close after a stream comes later than the watch (here: only when the next
+/// request arrives) costs one resend, not one per request: the first close that crosses a
+/// request teaches the pool that it closes after streams, and its connections are not
+/// reused after one from then on.
+#[tokio::test]
+async fn one_close_crossing_a_request_after_a_stream_stops_reuse_after_streams() {
+    let reply: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+        transfer-encoding: chunked\r\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+    let backend = RawBackend::spawn(&[reply], After::ResetsTheNext).await;
+    let mut config = config_over(&[("late", backend.url())]);
+    // Connections are pooled at once after a stream, as after a watch that saw them open.
+    config.upstream.stream_close_watch_ms = 0;
+    let proxy = start_proxy(config).await;
+    let mut client = Client::connect(proxy.addr).await;
+    let body = r#"{"messages":[],"stream":true}"#;
+    for round in 0..8 {
+        client
+            .send(format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ))
+            .await;
+        let reply = client.reply().await;
+        assert_eq!(reply.status, 200, "round {round}: {}", reply.head);
+    }
+    assert_eq!(backend.answered(), 8);
+    assert_eq!(
+        backend.reset_unread(),
+        1,
+        "requests written to a closing connection"
+    );
+    assert_eq!(
+        backend.accepted(),
+        8,
+        "one connection per request after the first reset"
+    );
+    proxy.shutdown().await;
 }
 
 /// A backend that reads a whole request and closes without answering, and `other`; the proxy

@@ -238,7 +238,8 @@ pub struct UpstreamConfig {
     /// How long a backend's first connection back from a streamed (chunked) response is
     /// watched for a close before reuse. A backend that closes it (llama-server does, while
     /// advertising keep-alive) gets a new connection for every request after a stream; 0
-    /// trusts keep-alive after streams without watching.
+    /// trusts keep-alive after streams without watching. Either way, one such connection
+    /// found closed under the next request teaches the same.
     pub stream_close_watch_ms: u64,
     /// PEM bundle of CAs trusted for `https://` backends instead of the platform roots.
     pub ca_file: Option<PathBuf>,

@@ -59,11 +59,18 @@ const MAX_INTERIM_RESPONSES: usize = 32;
 ///   `REFUSED_STREAM`, or its `GOAWAY` named a last stream below this one (RFC 9113 §8.7:
 ///   both mean it did no processing): [`PoolError::NotSent`].
 ///
-/// Anything else is after the send: the request went out whole and the connection closed,
-/// reset or failed before any response byte ([`PoolError::NoResponse`]; the backend may be
-/// generating it), or bytes came that are no usable response head
-/// ([`PoolError::BadResponse`]). A close that crosses the request on the wire, or that the
-/// runtime has not yet reported when the connection is reused, falls here too: nothing tells
+/// - the backend's kernel reset the connection before any response byte, whether it came in
+///   place of a read or behind a close: [`PoolError::NotSent`]. A host answers with a reset
+///   when its application closes a connection with bytes unread, or bytes arrive after it
+///   closed (RFC 9293 §3.6.1 and RFC 1122 §4.2.2.13), so the backend's application never had
+///   the whole request. This is the close that crosses a request written to a pooled
+///   connection. (A server that resets on purpose, with a zero linger, after reading a whole
+///   request is the exception, and that request gets no answer either way.)
+///
+/// Anything else is after the send: the request went out whole and the connection closed or
+/// failed before any response byte ([`PoolError::NoResponse`]; the backend may be generating
+/// it), or bytes came that are no usable response head ([`PoolError::BadResponse`]). A close
+/// whose reset has not come back by the time the read ends falls here too: nothing then tells
 /// it from a backend that took the request and died.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PoolError {
@@ -200,6 +207,9 @@ struct H1Conn {
     io: BackendStream,
     buf: BytesMut,
     out: Vec<u8>,
+    /// Its last response was streamed: a close under the next request is the backend closing
+    /// after streams (see [`AfterStream`]).
+    after_stream: bool,
 }
 
 impl H1Conn {
@@ -208,6 +218,7 @@ impl H1Conn {
             io,
             buf: BytesMut::new(),
             out: Vec::with_capacity(1024),
+            after_stream: false,
         }
     }
 
@@ -271,7 +282,8 @@ enum AfterStream {
     Unknown,
     /// Kept it open: pooled as any other.
     KeepsOpen,
-    /// Closed it: never pooled after a streamed response.
+    /// Closed it, at the watch or under the next request: never pooled after a streamed
+    /// response.
     Closes,
 }
 
@@ -380,10 +392,20 @@ impl WorkerPool {
             match sender {
                 Sender::H2(send) => return self.send_h2(send, &key, backend, &req).await,
                 Sender::H1 { conn, reused } => {
+                    let after_stream = conn.after_stream;
                     match self.send_h1(conn, &key, backend, &req).await {
                         Ok(resp) => return Ok(resp),
-                        Err(e) if reused && self.may_resend(&e, req.method) => fresh_only = true,
-                        Err(e) => return Err(e),
+                        Err(e) => {
+                            if after_stream
+                                && matches!(e, PoolError::NotSent(_) | PoolError::NoResponse(_))
+                            {
+                                self.learn_closes_after_stream(&key);
+                            }
+                            if !(reused && self.may_resend(&e, req.method)) {
+                                return Err(e);
+                            }
+                            fresh_only = true;
+                        }
                     }
                 }
             }
@@ -454,12 +476,16 @@ impl WorkerPool {
             }
             match conn.read_more().await {
                 Ok(0) if !received => {
-                    return Err(PoolError::NoResponse(
-                        "the backend closed the connection without answering".into(),
-                    ))
+                    return Err(match conn.tcp().take_error() {
+                        Ok(Some(e)) if is_reset(&e) => PoolError::NotSent(Box::new(e)),
+                        _ => PoolError::NoResponse(
+                            "the backend closed the connection without answering".into(),
+                        ),
+                    })
                 }
                 Ok(0) => return Err(PoolError::bad_response(H1Error::Incomplete)),
                 Ok(_) => received = true,
+                Err(e) if !received && is_reset(&e) => return Err(PoolError::NotSent(Box::new(e))),
                 Err(e) if !received => return Err(PoolError::NoResponse(Box::new(e))),
                 Err(e) => return Err(PoolError::bad_response(e)),
             }
@@ -560,10 +586,10 @@ impl WorkerPool {
     fn check_in(self: &Arc<Self>, key: &Key, mut conn: H1Conn, streamed: bool) {
         let mut slots = self.slots.lock();
         let slot = slot_of(&mut slots, key);
-        let streamed = streamed && !self.stream_close_watch.is_zero();
+        conn.after_stream = streamed;
         match (streamed, slot.after_stream) {
             (true, AfterStream::Closes) => return,
-            (true, AfterStream::Unknown) => {
+            (true, AfterStream::Unknown) if !self.stream_close_watch.is_zero() => {
                 drop(slots);
                 let (pool, key) = (self.clone(), key.clone());
                 tokio::spawn(async move {
@@ -583,7 +609,10 @@ impl WorkerPool {
                             AfterStream::Closes
                         };
                     }
-                    if open && slot.idle.len() < pool.max_idle {
+                    if open
+                        && slot.after_stream == AfterStream::KeepsOpen
+                        && slot.idle.len() < pool.max_idle
+                    {
                         slot.idle.push(Idle {
                             conn,
                             since: Instant::now(),
@@ -600,6 +629,24 @@ impl WorkerPool {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// A connection back from a streamed response was closed under the next request: the
+    /// backend closes after streams whatever the watch saw (a loaded backend can take longer
+    /// than the watch to close). Its other such idle connections are dropped before they
+    /// cost a request too.
+    fn learn_closes_after_stream(&self, key: &Key) {
+        let mut slots = self.slots.lock();
+        let slot = slot_of(&mut slots, key);
+        if slot.after_stream != AfterStream::Closes {
+            tracing::info!(
+                backend = &*key.0,
+                "a connection back from a streamed response was closed under the next \
+                 request; a new one is opened after each stream from now on"
+            );
+            slot.after_stream = AfterStream::Closes;
+        }
+        slot.idle.retain(|idle| !idle.conn.after_stream);
     }
 
     fn forget_h2(&self, key: &Key) {
@@ -864,6 +911,16 @@ impl HttpBody for H1Body {
 fn peek_one(tcp: &TcpStream) -> std::io::Result<usize> {
     let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
     socket2::SockRef::from(tcp).peek(&mut probe)
+}
+
+/// Whether a connection error is a reset by the backend's kernel: `ECONNRESET` in place of a
+/// read, or `EPIPE` when it came behind the backend's close (Linux reports a reset in
+/// `CLOSE_WAIT` so).
+fn is_reset(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+    )
 }
 
 /// Whether a peek found the connection quiet: neither bytes nor a close arrived.

@@ -220,6 +220,9 @@ pub enum After {
     /// Closes the connection this long after the answer, without reading more: a server that
     /// closes after each response while advertising keep-alive (llama-server after a stream).
     ClosesSoon(Duration),
+    /// Closes the connection when the next request's first bytes arrive, without reading
+    /// them: its kernel then resets the connection, the close crossing that request.
+    ResetsTheNext,
 }
 
 /// A backend on `127.0.0.1:0` that answers every request with the same bytes, written piece
@@ -228,6 +231,7 @@ pub struct RawBackend {
     pub addr: SocketAddr,
     accepted: Arc<AtomicU64>,
     answered: Arc<AtomicU64>,
+    reset_unread: Arc<AtomicU64>,
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
     closed: mpsc::UnboundedReceiver<()>,
 }
@@ -239,16 +243,29 @@ impl RawBackend {
         let pieces: Arc<Vec<Vec<u8>>> = Arc::new(reply.iter().map(|p| p.to_vec()).collect());
         let accepted = Arc::new(AtomicU64::new(0));
         let answered = Arc::new(AtomicU64::new(0));
+        let reset_unread = Arc::new(AtomicU64::new(0));
         let requests = Arc::new(Mutex::new(Vec::new()));
         let (closed_tx, closed) = mpsc::unbounded_channel();
-        let (acc, ans, reqs) = (accepted.clone(), answered.clone(), requests.clone());
+        let (acc, ans, resets, reqs) = (
+            accepted.clone(),
+            answered.clone(),
+            reset_unread.clone(),
+            requests.clone(),
+        );
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 acc.fetch_add(1, Ordering::SeqCst);
-                let (pieces, ans, reqs, closed_tx) =
-                    (pieces.clone(), ans.clone(), reqs.clone(), closed_tx.clone());
+                let (pieces, ans, resets, reqs, closed_tx) = (
+                    pieces.clone(),
+                    ans.clone(),
+                    resets.clone(),
+                    reqs.clone(),
+                    closed_tx.clone(),
+                );
                 tokio::spawn(async move {
-                    serve_raw(stream, &pieces, after, &ans, &reqs).await;
+                    if serve_raw(stream, &pieces, after, &ans, &reqs).await {
+                        resets.fetch_add(1, Ordering::SeqCst);
+                    }
                     let _ = closed_tx.send(());
                 });
             }
@@ -257,6 +274,7 @@ impl RawBackend {
             addr,
             accepted,
             answered,
+            reset_unread,
             requests,
             closed,
         }
@@ -274,6 +292,11 @@ impl RawBackend {
         self.answered.load(Ordering::SeqCst)
     }
 
+    /// Connections closed with a request unread ([`After::ResetsTheNext`]).
+    pub fn reset_unread(&self) -> u64 {
+        self.reset_unread.load(Ordering::SeqCst)
+    }
+
     pub fn requests(&self) -> Vec<Vec<u8>> {
         self.requests.lock().clone()
     }
@@ -286,36 +309,42 @@ impl RawBackend {
     }
 }
 
+/// Serves one connection as `after` says; true when it closed with a request unread.
 pub async fn serve_raw(
     mut stream: TcpStream,
     pieces: &[Vec<u8>],
     after: After,
     answered: &AtomicU64,
     requests: &Mutex<Vec<Vec<u8>>>,
-) {
+) -> bool {
     let mut buf = Vec::new();
     let mut served = 0;
     while let Some(request) = read_raw_request(&mut stream, &mut buf).await {
         requests.lock().push(request);
         if after == After::DropTheNext && served == 1 {
-            return;
+            return false;
         }
         for piece in pieces {
             if stream.write_all(piece).await.is_err() || stream.flush().await.is_err() {
-                return;
+                return false;
             }
         }
         answered.fetch_add(1, Ordering::SeqCst);
         served += 1;
         if after == After::Close {
             let _ = stream.shutdown().await;
-            return;
+            return false;
         }
         if let After::ClosesSoon(delay) = after {
             tokio::time::sleep(delay).await;
-            return;
+            return false;
+        }
+        if after == After::ResetsTheNext {
+            let mut first = [0u8; 1];
+            return matches!(stream.peek(&mut first).await, Ok(n) if n > 0);
         }
     }
+    false
 }
 
 /// Reads one request (head, then a `Content-Length` body); `None` at EOF.
