@@ -254,7 +254,10 @@ async fn captured_traffic_replays_with_the_same_request_bodies() {
     }
 
     // The replayer's TTFT agrees with the proxy's record of the same turn: the first content
-    // event's offset from the request's arrival. The difference is the two loopback hops.
+    // event's offset from the request's arrival. The difference is the two loopback hops: not
+    // negative beyond the stamps' rounding (the replayer's span contains the proxy's), and
+    // within a millisecond in the quietest turn, as a loaded machine stretches some hops but a
+    // wrong start or end would stretch all.
     let events = support::replay::events(&out);
     let stamps = |kind: &str| -> Vec<u64> {
         events
@@ -276,7 +279,7 @@ async fn captured_traffic_replays_with_the_same_request_bodies() {
         .collect();
     gaps_us.sort();
     assert!(
-        gaps_us[gaps_us.len() / 2].abs() <= 1_000,
+        (-100..=1_000).contains(&gaps_us[0]),
         "replay TTFT minus the proxy's, µs per turn: {gaps_us:?}"
     );
 }
