@@ -844,18 +844,7 @@ async fn one_close_crossing_a_request_after_a_stream_stops_reuse_after_streams()
     config.upstream.stream_close_watch_ms = 0;
     let proxy = start_proxy(config).await;
     let mut client = Client::connect(proxy.addr).await;
-    let body = r#"{"messages":[],"stream":true}"#;
-    for round in 0..8 {
-        client
-            .send(format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
-                 content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
-            ))
-            .await;
-        let reply = client.reply().await;
-        assert_eq!(reply.status, 200, "round {round}: {}", reply.head);
-    }
+    post_streams_back_to_back(&mut client, 8).await;
     assert_eq!(backend.answered(), 8);
     assert_eq!(
         backend.reset_unread(),
@@ -1354,8 +1343,16 @@ async fn a_backend_closing_after_each_stream_never_costs_a_request() {
     let backend = RawBackend::spawn(&[reply], After::ClosesSoon(Duration::from_millis(1))).await;
     let proxy = start_proxy(config_over(&[("closing", backend.url())])).await;
     let mut client = Client::connect(proxy.addr).await;
+    post_streams_back_to_back(&mut client, 30).await;
+    assert_eq!(backend.answered(), 30);
+    proxy.shutdown().await;
+}
+
+/// Sends `rounds` streamed chat POSTs on `client`, each as soon as the last is answered, and
+/// asserts every one got 200.
+async fn post_streams_back_to_back(client: &mut Client, rounds: usize) {
     let body = r#"{"messages":[],"stream":true}"#;
-    for round in 0..30 {
+    for round in 0..rounds {
         client
             .send(format!(
                 "POST /v1/chat/completions HTTP/1.1\r\nhost: proxy.test\r\n\
@@ -1366,6 +1363,4 @@ async fn a_backend_closing_after_each_stream_never_costs_a_request() {
         let reply = client.reply().await;
         assert_eq!(reply.status, 200, "round {round}: {}", reply.head);
     }
-    assert_eq!(backend.answered(), 30);
-    proxy.shutdown().await;
 }
