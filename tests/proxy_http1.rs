@@ -760,6 +760,18 @@ async fn post_twice_to_a_backend_that_closes_on_the_second(
     (replies, racing, other)
 }
 
+/// Every reply is the racing backend's `ok`.
+fn assert_all_answered_by_racing(replies: &[Reply]) {
+    for reply in replies {
+        assert_eq!(reply.status, 200, "{reply:?}");
+        assert_eq!(
+            reply.header("x-agentrace-backend").as_deref(),
+            Some("racing")
+        );
+        assert_eq!(reply.body, b"ok");
+    }
+}
+
 fn bodies_seen(backend: &RawBackend) -> Vec<Vec<u8>> {
     backend
         .requests()
@@ -792,14 +804,7 @@ async fn a_post_a_pooled_connection_closed_under_is_not_sent_again() {
 async fn with_retry_after_send_a_post_a_pooled_connection_closed_under_is_sent_again() {
     let (replies, racing, other) =
         post_twice_to_a_backend_that_closes_on_the_second(After::DropTheNext, true).await;
-    for reply in &replies {
-        assert_eq!(reply.status, 200, "{reply:?}");
-        assert_eq!(
-            reply.header("x-agentrace-backend").as_deref(),
-            Some("racing")
-        );
-        assert_eq!(reply.body, b"ok");
-    }
+    assert_all_answered_by_racing(&replies);
     assert_eq!(
         bodies_seen(&racing),
         [&b"first"[..], b"second", b"second"],
@@ -817,13 +822,7 @@ async fn with_retry_after_send_a_post_a_pooled_connection_closed_under_is_sent_a
 async fn a_post_a_pooled_connection_was_reset_under_unread_is_sent_again() {
     let (replies, racing, other) =
         post_twice_to_a_backend_that_closes_on_the_second(After::ResetsTheNext, false).await;
-    for reply in &replies {
-        assert_eq!(reply.status, 200, "{reply:?}");
-        assert_eq!(
-            reply.header("x-agentrace-backend").as_deref(),
-            Some("racing")
-        );
-    }
+    assert_all_answered_by_racing(&replies);
     assert_eq!(racing.reset_unread(), 1);
     assert_eq!(bodies_seen(&racing), [&b"first"[..], b"second"]);
     assert_eq!(racing.accepted(), 2, "one fresh connection for the resend");
