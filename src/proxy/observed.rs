@@ -21,8 +21,8 @@ use crate::tap::{ExchangeEnd, ExchangeObserver};
 
 /// What an in-progress response carries besides its bytes; dropping it ends the exchange.
 pub(crate) struct Exchange {
-    backend: Arc<Backend>,
-    _in_flight: InFlight,
+    /// Counts the request in flight, and holds its backend.
+    in_flight: InFlight,
     turn: Option<SessionTurn>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
@@ -124,10 +124,9 @@ pub(crate) fn delivered(body: &mut super::upstream::ProxyBody, at: Instant) {
 }
 
 impl Exchange {
-    /// The exchange with `backend` whose request went out at `sent_at`, counted in flight
-    /// (and as `turn` of its session) until it ends; `sse` when an error event may be appended to its body.
+    /// The exchange with `in_flight`'s backend whose request went out at `sent_at`, counted in
+    /// flight (and as `turn` of its session) until it ends; `sse` when an error event may be appended to its body.
     pub(crate) fn new(
-        backend: Arc<Backend>,
         in_flight: InFlight,
         turn: Option<SessionTurn>,
         observer: Option<Box<dyn ExchangeObserver>>,
@@ -135,8 +134,7 @@ impl Exchange {
         sse: bool,
     ) -> Self {
         Self {
-            backend,
-            _in_flight: in_flight,
+            in_flight,
             turn,
             observer,
             sent_at,
@@ -160,12 +158,13 @@ impl Exchange {
     }
 
     fn finish_at(mut self, end: ExchangeEnd, now: Instant) {
-        self.backend
+        self.in_flight
+            .backend()
             .metrics
             .latency(now.duration_since(self.sent_at));
         if let Some(turn) = self.turn.as_mut() {
             let complete = matches!(end, ExchangeEnd::Complete);
-            turn.end(complete.then_some(&self.backend));
+            turn.end(complete.then_some(self.in_flight.backend()));
         }
         if let Some(observer) = self.observer.take() {
             observer.end(end, now);
@@ -224,7 +223,8 @@ impl ObservedBody {
         }
         if let Some(exchange) = self.exchange.take() {
             exchange
-                .backend
+                .in_flight
+                .backend()
                 .metrics
                 .ttfb(head_at.duration_since(exchange.sent_at));
             exchange.finish(ExchangeEnd::Complete);
@@ -275,7 +275,8 @@ impl HttpBody for ObservedBody {
                     if !exchange.got_first_byte && !data.is_empty() {
                         exchange.got_first_byte = true;
                         exchange
-                            .backend
+                            .in_flight
+                            .backend()
                             .metrics
                             .ttfb(now().duration_since(exchange.sent_at));
                     }
@@ -303,7 +304,8 @@ impl HttpBody for ObservedBody {
                 let now = Instant::now();
                 if !exchange.got_first_byte {
                     exchange
-                        .backend
+                        .in_flight
+                        .backend()
                         .metrics
                         .ttfb(now.duration_since(exchange.sent_at));
                 }
@@ -313,13 +315,17 @@ impl HttpBody for ObservedBody {
             Some(Err(e)) => {
                 let mut exchange = this.exchange.take().expect("checked above");
                 let cause = crate::telemetry::error_chain(&*e);
-                exchange.backend.metrics.error(ErrorKind::Stream);
-                tracing::warn!(backend = %exchange.backend.name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
+                exchange
+                    .in_flight
+                    .backend()
+                    .metrics
+                    .error(ErrorKind::Stream);
+                tracing::warn!(backend = %exchange.in_flight.backend().name, error = %cause, sse = exchange.sse, "upstream failed mid-response; ending the response");
                 let sse = exchange.sse;
                 let boundary = exchange.at_event_boundary;
                 let message = format!(
                     "backend {} failed mid-stream: {cause}",
-                    exchange.backend.name
+                    exchange.in_flight.backend().name
                 );
                 if sse {
                     let event = sse_error_event(&message, boundary);

@@ -356,7 +356,7 @@ async fn forward_held(
     let mut tried: Vec<usize> = Vec::new();
     let mut overhead = Duration::ZERO;
 
-    let (backend, in_flight, turn, response, sent_at) = loop {
+    let (index, in_flight, turn, response, sent_at) = loop {
         let Some(decision) = inner.router.route(pool, key.as_ref(), &tried, Commit::Turn) else {
             return refuse(
                 inner,
@@ -366,7 +366,8 @@ async fn forward_held(
             );
         };
         inner.metrics.decision(key_source, decision.outcome);
-        let backend = pool.backends[decision.index].clone();
+        // Borrowed from the worker's view; the one clone is the in-flight count's.
+        let backend = &pool.backends[decision.index];
         let sent_at = Instant::now();
         if tried.is_empty() {
             overhead = sent_at.duration_since(request_received_at);
@@ -385,7 +386,7 @@ async fn forward_held(
             send: upstream_pool.send(&backend.url, request),
         };
         match attempt.await {
-            (Ok(resp), in_flight) => break (backend, in_flight, turn, resp, sent_at),
+            (Ok(resp), in_flight) => break (decision.index, in_flight, turn, resp, sent_at),
             (Err(PoolError::Request(e)), _) => {
                 return refuse(inner, StatusCode::BAD_REQUEST, "invalid_request_error", &e);
             }
@@ -396,7 +397,7 @@ async fn forward_held(
                 };
                 let cause = crate::telemetry::error_chain(&e);
                 backend.metrics.error(kind);
-                health::on_error(&backend, kind, &pool.health);
+                health::on_error(backend, kind, &pool.health);
                 tried.push(decision.index);
                 let resend = upstream_pool.may_resend(&e, &method);
                 if resend && tried.len() <= retries && tried.len() < pool.backends.len() {
@@ -410,7 +411,7 @@ async fn forward_held(
                     tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed after the request reached it; not sending it again");
                 }
                 if let Some(sink) = &inner.sink {
-                    let mut observer = sink.start(exchange(&backend));
+                    let mut observer = sink.start(exchange(backend));
                     std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
                 }
@@ -425,14 +426,15 @@ async fn forward_held(
     };
 
     let head_at = Instant::now();
+    let backend = in_flight.backend();
     let UpstreamResponse {
         status,
         headers,
         body: incoming,
     } = response;
-    health::on_response(&backend, status, &pool.health);
+    health::on_response(backend, status, &pool.health);
     backend.metrics.request(status);
-    let named = backend.name_header.iter();
+    let named = view.name_headers[index].iter();
     let added = named.map(|v| (X_AGENTRACE_BACKEND, v.clone())).collect();
     let headers = OutboundFields::new(headers, &[], added);
     let declared_length = headers.has("content-length");
@@ -444,7 +446,7 @@ async fn forward_held(
             .is_some_and(|v| v.starts_with("text/event-stream"));
 
     let observer = inner.sink.as_ref().map(|sink| {
-        let mut observer = sink.start(exchange(&backend));
+        let mut observer = sink.start(exchange(backend));
         observer.response_head(status, &headers.to_map(), head_at);
         observer
     });
@@ -457,7 +459,7 @@ async fn forward_held(
         pending = incoming.frame().await;
     }
     let empty = pending.is_none() && incoming.is_end_stream();
-    let exchange = Exchange::new(backend, in_flight, turn, observer, sent_at, sse);
+    let exchange = Exchange::new(in_flight, turn, observer, sent_at, sse);
     let mut observed = ObservedBody::new(incoming, pending, exchange);
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.

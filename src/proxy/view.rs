@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
+use http::HeaderValue;
 use parking_lot::RwLock;
 
 use super::pool::WorkerPool;
@@ -22,6 +23,10 @@ pub(crate) struct WorkerView {
     pub(crate) upstream: Arc<WorkerPool>,
     /// The router's session table.
     pub(crate) sessions: Arc<SessionTable>,
+    /// Each backend's name as the `X-Agentrace-Backend` response header carries it (none if
+    /// not a valid value), by index in `pool`: copies of this worker's own, as cloning a
+    /// header value writes a reference count, which no other worker should share.
+    pub(crate) name_headers: Vec<Option<HeaderValue>>,
 }
 
 /// Every worker's view, each on cache lines of its own.
@@ -71,6 +76,11 @@ fn view(pool: &Pool, upstream: Arc<WorkerPool>, sessions: &Arc<SessionTable>) ->
         pool: pool.clone(),
         upstream,
         sessions: sessions.clone(),
+        name_headers: pool
+            .backends
+            .iter()
+            .map(|b| HeaderValue::from_str(&b.name).ok())
+            .collect(),
     })
 }
 
@@ -106,6 +116,14 @@ mod tests {
         let sessions = Arc::new(SessionTable::new(10, Duration::from_secs(60)));
         let first = pool_of(&["a", "b"], 0.0);
         let views = WorkerViews::new(&first, upstream(3), &sessions);
+        let headers = &views.get(1).name_headers;
+        assert_eq!(
+            headers,
+            &[
+                Some(HeaderValue::from_static("a")),
+                Some(HeaderValue::from_static("b"))
+            ]
+        );
         assert!(Arc::ptr_eq(
             &views.get(0).pool.backends[0],
             &first.backends[0]
@@ -122,6 +140,7 @@ mod tests {
             assert!(Arc::ptr_eq(&view.upstream, &fresh[worker]));
             assert!(!Arc::ptr_eq(&view.upstream, &old_upstream[worker]));
             assert!(Arc::ptr_eq(&view.sessions, &sessions));
+            assert_eq!(view.name_headers, [Some(HeaderValue::from_static("c"))]);
         }
     }
 }

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use http::HeaderName;
 use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
@@ -76,12 +77,16 @@ impl Drop for InFlight {
 }
 
 /// One backend with its live state; shared by the router, the forwarding path and health checks.
+///
+/// Every request reads every backend's name hash, weight and health, and writes one backend's
+/// requests in flight and active context from whichever worker serves it. Those two counters
+/// sit on cache lines of their own (which also gives the `Arc` holding a backend counts of
+/// their own), so a write by one worker does not take the fields all workers read away from
+/// the other core.
 #[derive(Debug)]
 pub(crate) struct Backend {
     /// Configured name (seeds the rendezvous hash).
     pub name: Arc<str>,
-    /// The name as the `X-Agentrace-Backend` response header carries it (none if not ASCII).
-    pub name_header: Option<http::HeaderValue>,
     /// Where requests go.
     pub url: BackendUrl,
     /// Rendezvous weight.
@@ -89,13 +94,13 @@ pub(crate) struct Backend {
     /// `hash64` of the name: combined with each key's hash for its score.
     pub seed: u64,
     /// Requests sent and not yet finished (body fully forwarded or aborted).
-    pub in_flight: AtomicU64,
+    pub in_flight: CachePadded<AtomicU64>,
     /// Sessions the session table places here.
     pub sessions: AtomicI64,
     /// Body bytes of the last request of each session placed here with a turn in flight or
     /// one ended within the active window: the context this backend must hold for its live
     /// sessions.
-    pub active_bytes: AtomicI64,
+    pub active_bytes: CachePadded<AtomicI64>,
     /// Its KV cache in tokens, as its `/metrics` stated it (0 until then, or if it does not).
     pub kv_cache_tokens: AtomicU64,
     /// Request body bytes per prompt token, learnt from the usage its responses report, in
@@ -133,13 +138,12 @@ impl Backend {
     pub(crate) fn new(name: &str, url: BackendUrl, weight: f64, metrics: BackendMetrics) -> Self {
         Self {
             name: Arc::from(name),
-            name_header: http::HeaderValue::from_str(name).ok(),
             url,
             weight,
             seed: hash64(0x5EED, name.as_bytes()),
-            in_flight: AtomicU64::new(0),
+            in_flight: CachePadded::new(AtomicU64::new(0)),
             sessions: AtomicI64::new(0),
-            active_bytes: AtomicI64::new(0),
+            active_bytes: CachePadded::new(AtomicI64::new(0)),
             kv_cache_tokens: AtomicU64::new(0),
             bytes_per_token_milli: AtomicU32::new(0),
             kv_cache_asked: AtomicBool::new(false),
@@ -195,8 +199,12 @@ impl Backend {
                 old + (ratio - old) / 8.0
             }
         };
-        self.bytes_per_token_milli
-            .store((learnt * 1000.0).round() as u32, Ordering::Relaxed);
+        let milli = (learnt * 1000.0).round() as u32;
+        // Settled, the average stays put: a store would still take the line from the other
+        // workers, which read it.
+        if self.bytes_per_token_milli.load(Ordering::Relaxed) != milli {
+            self.bytes_per_token_milli.store(milli, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn hold(&self, bytes: u64) {
@@ -205,6 +213,15 @@ impl Backend {
 
     pub(crate) fn release(&self, bytes: u64) {
         self.active_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+    }
+
+    /// A session active here now counts `to` bytes where it counted `from`: one write, none
+    /// when its size did not change.
+    pub(crate) fn resize(&self, from: u64, to: u64) {
+        if from != to {
+            self.active_bytes
+                .fetch_add(to as i64 - from as i64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -267,10 +284,6 @@ impl Pool {
     /// The backend with this name.
     pub(crate) fn backend(&self, name: &str) -> Option<&Arc<Backend>> {
         self.backends.iter().find(|b| &*b.name == name)
-    }
-
-    fn index_of(&self, backend: &Arc<Backend>) -> Option<usize> {
-        self.backends.iter().position(|b| Arc::ptr_eq(b, backend))
     }
 
     /// The rendezvous scores of `key_hash`, or values in the same order: with every weight
@@ -525,10 +538,9 @@ impl Router {
         let id = self.sessions.id(key);
         // Read and written under one lock of the session's shard.
         let mut slot = self.sessions.slot(id, Instant::now());
-        let known = slot.known().and_then(|k| {
-            pool.index_of(&k.backend)
-                .map(|i| (i, k.pinned, k.cache_lost))
-        });
+        let known = slot
+            .known(&pool.backends)
+            .map(|k| (k.index, k.pinned, k.cache_lost));
 
         // A known session stays where it is while that backend is healthy, even when draining:
         // draining only stops new sessions. An unpinned entry follows the hash (a backend added

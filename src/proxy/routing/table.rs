@@ -63,10 +63,10 @@ struct Entry {
 }
 
 /// Where a known session is.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Known {
-    /// The backend the table places it on.
-    pub backend: Arc<Backend>,
+    /// The index of the backend the table places it on.
+    pub index: usize,
     /// The placement overrides the plain hash.
     pub pinned: bool,
     /// That backend no longer holds the session's cache.
@@ -242,10 +242,10 @@ impl SessionTable {
         }
     }
 
-    /// Where the session is, unless unknown or idle past the TTL.
+    /// Where among `backends` the session is, unless unknown or idle past the TTL.
     #[cfg(test)]
-    pub(crate) fn get(&self, id: SessionId) -> Option<Known> {
-        self.slot(id, Instant::now()).known()
+    pub(crate) fn get(&self, id: SessionId, backends: &[Arc<Backend>]) -> Option<Known> {
+        self.slot(id, Instant::now()).known(backends)
     }
 
     /// The session's entry, locked at `now`: what one request reads and writes of it under a
@@ -376,15 +376,20 @@ pub(crate) struct Slot<'a> {
 }
 
 impl Slot<'_> {
-    /// Where the session is, unless unknown or idle past the TTL (then forgotten).
-    pub(crate) fn known(&mut self) -> Option<Known> {
+    /// Where among `backends` the session is, unless unknown, idle past the TTL (then
+    /// forgotten) or on a backend not among them. Compared by address, not cloned: a clone
+    /// would write the backend's reference count, which every worker shares.
+    pub(crate) fn known(&mut self, backends: &[Arc<Backend>]) -> Option<Known> {
         let entry = self.shard.map.get(&self.id)?;
         if self.now.saturating_duration_since(entry.last_used) > self.table.ttl() {
             self.table.evict(&mut self.shard, self.id);
             return None;
         }
+        let index = backends
+            .iter()
+            .position(|b| Arc::ptr_eq(b, &entry.backend))?;
         Some(Known {
-            backend: entry.backend.clone(),
+            index,
             pinned: entry.pinned,
             cache_lost: entry.cache_lost,
         })
@@ -408,13 +413,18 @@ impl Slot<'_> {
         match map.get_mut(&id) {
             Some(e) => {
                 use_now(order, next_seq, id, e, now);
-                if e.active {
-                    e.backend.release(e.bytes);
+                let same = Arc::ptr_eq(&e.backend, backend);
+                if e.active && same {
+                    backend.resize(e.bytes, bytes);
+                } else {
+                    if e.active {
+                        e.backend.release(e.bytes);
+                    }
+                    backend.hold(bytes);
                 }
-                backend.hold(bytes);
                 e.active = true;
                 e.bytes = bytes;
-                if !Arc::ptr_eq(&e.backend, backend) {
+                if !same {
                     e.backend.sessions.fetch_sub(1, Ordering::Relaxed);
                     backend.sessions.fetch_add(1, Ordering::Relaxed);
                     e.backend = backend.clone();

@@ -307,9 +307,9 @@ fn session_table_evicts_least_recently_used_and_idle() {
     }
     put_now(&t, "k1", b, true, Outcome::Bound, 0); // k2 is now the least recently used
     put_now(&t, "k4", b, true, Outcome::Spill, 0);
-    assert!(t.get(id("k2")).is_none());
-    assert!(t.get(id("k1")).is_some() && t.get(id("k3")).is_some());
-    assert!(t.get(id("k4")).is_some());
+    assert!(t.get(id("k2"), &pool.backends).is_none());
+    assert!(t.get(id("k1"), &pool.backends).is_some() && t.get(id("k3"), &pool.backends).is_some());
+    assert!(t.get(id("k4"), &pool.backends).is_some());
     assert_eq!(t.len(), 3);
     assert_eq!(t.bound(), 3);
     assert_eq!(b.sessions.load(Ordering::Relaxed), 3);
@@ -346,17 +346,17 @@ fn changing_max_sessions_keeps_entries_and_counts_true() {
     }
     let check = |present: &[SessionId]| {
         for k in present {
-            assert!(t.get(*k).is_some(), "{k:?} lost");
+            assert!(t.get(*k, &pool.backends).is_some(), "{k:?} lost");
         }
         assert_eq!(t.len(), present.len());
         let bound = present
             .iter()
-            .filter(|k| t.get(**k).unwrap().pinned)
+            .filter(|k| t.get(**k, &pool.backends).unwrap().pinned)
             .count();
         assert_eq!(t.bound(), bound as u64);
         let on_a = present
             .iter()
-            .filter(|k| Arc::ptr_eq(&t.get(**k).unwrap().backend, a));
+            .filter(|k| t.get(**k, &pool.backends).unwrap().index == 0);
         assert_eq!(a.sessions.load(Ordering::Relaxed), on_a.count() as i64);
     };
     check(&keys);
@@ -367,7 +367,7 @@ fn changing_max_sessions_keeps_entries_and_counts_true() {
     // Down to 1 shard and 50 entries: the 50 most recently used stay.
     t.set_limits(50, Duration::from_secs(1800));
     check(&keys[150..]);
-    assert!(t.get(keys[149]).is_none());
+    assert!(t.get(keys[149], &pool.backends).is_none());
 }
 
 #[test]
@@ -611,6 +611,21 @@ fn idle_sessions_stop_counting_as_held() {
     while Instant::now() == before {}
     t.sweep();
     assert_eq!(a.active_bytes.load(Ordering::Relaxed), 0);
+}
+
+/// A session whose context grows turn by turn on the same backend counts there with its
+/// latest size only, and a turn of the same size leaves the count as it was.
+#[test]
+fn a_growing_session_counts_its_latest_size_once() {
+    let pool = pool_of(&["a"], 0.0);
+    let a = &pool.backends[0];
+    let t = SessionTable::new(10, Duration::from_secs(1800));
+    put_now(&t, "other", a, false, Outcome::Hash, 100);
+    for bytes in [500, 800, 800, 2_000, 1_200] {
+        put_now(&t, "s", a, false, Outcome::Hash, bytes);
+        assert_eq!(a.active_bytes.load(Ordering::Relaxed), 100 + bytes as i64);
+    }
+    assert_eq!(a.sessions.load(Ordering::Relaxed), 2);
 }
 
 /// A pool of one backend and a table of ten sessions whose active window is `secs`.
