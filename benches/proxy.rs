@@ -14,7 +14,8 @@
 //! (default 1000), `--rust-client` (do not use wrk), `--only NAME,..` (targets to run),
 //! `--rates 2000,8000` (open-loop request rates for the moderate-load latency table; empty
 //! to skip), `--wrap "CMD ARGS"` (start agentrace under a profiler, as
-//! `scripts/proxy-instructions.sh` does).
+//! `scripts/proxy-instructions.sh` does), `--workers N` (agentrace's `workers` setting; default:
+//! its own, one per core).
 //! The backends run in a process of their own (this benchmark started again with
 //! `--serve-backends`), apart from the built-in clients, so that the direct baseline crosses a
 //! process boundary each way as a real client-to-server request does.
@@ -54,6 +55,8 @@ struct Args {
     only: Option<Vec<String>>,
     rates: Vec<f64>,
     wrap: Vec<String>,
+    /// agentrace's `workers` setting; none: its default (one per core).
+    workers: Option<usize>,
 }
 
 fn parse_args() -> Args {
@@ -67,6 +70,7 @@ fn parse_args() -> Args {
         only: None,
         rates: vec![2_000.0, 8_000.0],
         wrap: Vec::new(),
+        workers: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -90,6 +94,7 @@ fn parse_args() -> Args {
             }
             "--rust-client" => a.rust_client = true,
             "--wrap" => a.wrap = value().split_whitespace().map(str::to_string).collect(),
+            "--workers" => a.workers = Some(value().parse().expect("--workers")),
             "--rates" => {
                 a.rates = value()
                     .split(',')
@@ -326,8 +331,17 @@ fn installed(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn start_agentrace(dir: &Path, backends: &[SocketAddr], wrap: &[String]) -> Target {
-    let mut toml = String::from("listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+async fn start_agentrace(
+    dir: &Path,
+    backends: &[SocketAddr],
+    wrap: &[String],
+    workers: Option<usize>,
+) -> Target {
+    let mut toml = String::from("listen = \"127.0.0.1:0\"\n");
+    if let Some(n) = workers {
+        toml.push_str(&format!("workers = {n}\n"));
+    }
+    toml.push_str("[admin]\nlisten = \"127.0.0.1:0\"\n");
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!(
             "[[backends]]\nname = \"gpu-{i}\"\nurl = \"http://{b}\"\n"
@@ -978,7 +992,7 @@ async fn run(args: Args) {
         _child: None,
     }];
     if wanted("agentrace") {
-        targets.push(start_agentrace(dir.path(), &backends, &args.wrap).await);
+        targets.push(start_agentrace(dir.path(), &backends, &args.wrap, args.workers).await);
     }
     match installed("nginx") {
         Some(p) if wanted("nginx") => targets.push(start_nginx(&p, dir.path(), &backends).await),

@@ -4,7 +4,7 @@
 # the floor of what one more hop adds), closed loop and at fixed rates, with each proxy's CPU
 # time per request; then an SSE run.
 # Usage: scripts/bench-proxy.sh [--duration SECS] [--repeats N] [--loads 8,64] [--rates 2000,8000] [--sse-streams N]
-#        [--sse-interval-us N] [--rust-client] [--only agentrace,nginx,haproxy,tcp-relay]
+#        [--sse-interval-us N] [--rust-client] [--only agentrace,nginx,haproxy,tcp-relay] [--workers N]
 # Peers and wrk are optional: apt-get install -y wrk nginx haproxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
