@@ -14,10 +14,10 @@
 //! backend closed is replaced on the same backend instead of failing over, and a backend that
 //! closes after each streamed response is learned (by watching, or from the first request its
 //! close crosses) and not reused after one; a request that reached its backend whole is sent
-//! again only when safe or allowed, one that provably did not (a reset with it unread) is; a backend's interim responses are capped, and a client that hangs up during them cancels
-//! the request; `Connection: close` from the client closes after the response; a client that
-//! sends nothing, stalls in a head or
-//! a body, or idles past the idle timeout is closed (with 408 when a request was under way),
+//! again only when safe or allowed, one that provably did not (a reset with it unread) is; a
+//! backend's interim responses are capped, and a client that hangs up during them cancels the
+//! request; `Connection: close` from the client closes after the response; a client that sends
+//! nothing, stalls in a head or a body, or idles past the idle timeout is closed (with 408 when a request was under way),
 //! while a backend may take longer than every client time limit.
 
 mod support;

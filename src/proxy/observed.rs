@@ -125,7 +125,8 @@ pub(crate) fn delivered(body: &mut super::upstream::ProxyBody, at: Instant) {
 
 impl Exchange {
     /// The exchange with `in_flight`'s backend whose request went out at `sent_at`, counted in
-    /// flight (and as `turn` of its session) until it ends; `sse` when an error event may be appended to its body.
+    /// flight (and as `turn` of its session) until it ends; `sse` when an error event may be
+    /// appended to its body.
     pub(crate) fn new(
         in_flight: InFlight,
         turn: Option<SessionTurn>,

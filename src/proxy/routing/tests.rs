@@ -301,15 +301,14 @@ fn session_table_evicts_least_recently_used_and_idle() {
     let pool = pool_of(&["a"], 0.0);
     let t = SessionTable::new(3, Duration::from_secs(1800));
     let b = &pool.backends[0];
-    let id = |k: &str| id_of(&t, k);
+    let known = |k: &str| t.get(id_of(&t, k), &pool.backends).is_some();
     for k in ["k1", "k2", "k3"] {
         put_now(&t, k, b, true, Outcome::Spill, 0);
     }
     put_now(&t, "k1", b, true, Outcome::Bound, 0); // k2 is now the least recently used
     put_now(&t, "k4", b, true, Outcome::Spill, 0);
-    assert!(t.get(id("k2"), &pool.backends).is_none());
-    assert!(t.get(id("k1"), &pool.backends).is_some() && t.get(id("k3"), &pool.backends).is_some());
-    assert!(t.get(id("k4"), &pool.backends).is_some());
+    assert!(!known("k2"));
+    assert!(known("k1") && known("k3") && known("k4"));
     assert_eq!(t.len(), 3);
     assert_eq!(t.bound(), 3);
     assert_eq!(b.sessions.load(Ordering::Relaxed), 3);
