@@ -417,10 +417,9 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
             method,
             uri,
             headers,
-            body,
         };
         let response = {
-            let forwarding = upstream::forward(inner, req, client, started);
+            let forwarding = upstream::forward(inner, req, &body, client, started);
             tokio::pin!(forwarding);
             tokio::select! {
                 biased;
@@ -429,6 +428,7 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
                 () = self.hung_up() => return Next::Close,
             }
         };
+        body.release().await;
         drop(charge);
         let keep = keep_alive && !shutdown.is_fired();
         let next = self

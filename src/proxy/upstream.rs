@@ -243,12 +243,13 @@ async fn read_and_forward(
         headers: WireFields::from_h2_request(&parts.headers),
         method: parts.method,
         uri: parts.uri,
-        body,
     };
-    forward(&inner, req, &client, started).await
+    let answer = forward(&inner, req, &body, &client, started).await;
+    body.release().await;
+    answer
 }
 
-/// A whole client request, as [`forward`] takes it.
+/// A client request as [`forward`] takes it: the head, with the body held apart by the caller.
 pub(crate) struct ClientRequest {
     /// Method.
     pub method: Method,
@@ -256,8 +257,6 @@ pub(crate) struct ClientRequest {
     pub uri: Uri,
     /// Header fields as received.
     pub headers: WireFields,
-    /// The whole body.
-    pub body: HeldBody,
 }
 
 /// Bodies up to this size are fingerprinted on the worker that received them; parsing a
@@ -285,24 +284,12 @@ async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Op
 /// Forwards one whole request: routes it by its session key, sends it with failover before
 /// the first response byte (as far as [`WorkerPool::may_resend`] allows), and answers with
 /// the backend's response, whose body streams through frame by frame while the metrics and
-/// the recorder watch it.
+/// the recorder watch it. The body is borrowed: the caller releases it
+/// ([`HeldBody::release`]) once the answer is in. Awaiting this from a wrapper that held
+/// the body would copy the whole of this future into the wrapper's, a few KiB a request.
 ///
 /// [`WorkerPool::may_resend`]: super::pool::WorkerPool::may_resend
 pub(crate) async fn forward(
-    inner: &Arc<Inner>,
-    mut req: ClientRequest,
-    client: &ClientConn,
-    started: Started,
-) -> Answer {
-    let body = std::mem::take(&mut req.body);
-    let answer = forward_held(inner, req, &body, client, started).await;
-    body.release().await;
-    answer
-}
-
-/// [`forward`] with the body borrowed, so that it is released once the request is done
-/// without holding up the worker.
-async fn forward_held(
     inner: &Arc<Inner>,
     req: ClientRequest,
     body: &HeldBody,
@@ -314,7 +301,6 @@ async fn forward_held(
         method,
         uri,
         headers,
-        ..
     } = req;
     let view = inner.workers.get(client.worker);
     let pool = &view.pool;
