@@ -8,7 +8,12 @@
 # wake-up, twice, which at 64 connections is shared among many requests.
 # With --peers, nginx (one worker, no master) and HAProxy (one thread), whichever are installed,
 # are counted the same way on the same backends and load, for comparison.
-# Usage: scripts/proxy-instructions.sh [SECONDS] [--peers] [--conns N]
+# With --cache, valgrind also simulates the caches (`--cache-sim=yes`, its first-level and
+# last-level caches) and each count is followed by the misses per request: instruction reads
+# (I1mr), data reads (D1mr) and data writes (D1mw) missing the first level. Two programs that
+# execute as many instructions can still spend very different time waiting on memory; the
+# simulation counts that repeatably where the machine has no hardware counters.
+# Usage: scripts/proxy-instructions.sh [SECONDS] [--peers] [--conns N] [--cache]
 #        needs: apt-get install -y valgrind wrk (and nginx haproxy for --peers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +21,12 @@ export PATH="$PATH:/usr/sbin:/sbin"
 window=10
 peers=false
 conns=64
+cache_sim=""
+
 while [ $# -gt 0 ]; do
   case "$1" in
     --peers) peers=true ;;
+    --cache) cache_sim="--cache-sim=yes" ;;
     --conns)
       conns=${2:-}
       [ $# -ge 2 ] && shift
@@ -34,6 +42,13 @@ for tool in valgrind callgrind_control callgrind_annotate wrk; do
   command -v "$tool" >/dev/null || { echo "$tool is not installed (apt-get install -y valgrind wrk)" >&2; exit 1; }
 done
 out=$(mktemp -d)
+
+# misses PROFILE REQUESTS: with --cache, the first-level misses per request from a profile's
+# summary line (events Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw).
+misses() {
+  [ -n "$cache_sim" ] || return 0
+  awk -v n="$2" '/^summary:/ {printf "  misses per request: I1mr %d, D1mr %d, D1mw %d\n", $5 / n, $6 / n, $7 / n}' "$1"
+}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 # The build reports the agentrace binary too, in no fixed order: take the bench target's.
 bench=$(cargo bench --bench proxy --no-run --message-format=json 2>/dev/null |
@@ -42,7 +57,7 @@ bench=$(cargo bench --bench proxy --no-run --message-format=json 2>/dev/null |
 # The direct target runs first for `duration` seconds, then agentrace: warm up 5 s, count `window`.
 duration=$((window + 15))
 "$bench" --only agentrace --loads "$conns" --duration "$duration" --repeats 1 --rates "" \
-  --sse-streams 1 --wrap "valgrind --tool=callgrind --callgrind-out-file=$out/cg.%p" \
+  --sse-streams 1 --wrap "valgrind --tool=callgrind $cache_sim --callgrind-out-file=$out/cg.%p" \
   >"$out/bench.txt" 2>&1 &
 bench_pid=$!
 sleep $((duration + 5))
@@ -60,6 +75,7 @@ requests=$(grep -E '>   .*routing::Router::route ' "$out/tree.txt" | head -1 |
   sed -E 's/.*\(([0-9,]+)x\).*/\1/' | tr -d ,)
 [ -n "$requests" ] && [ "$requests" -gt 0 ] || { echo "no requests counted (see $out)" >&2; exit 1; }
 echo "requests counted: $requests; instructions: $total; per request: $((total / requests))"
+misses "$profile" "$requests"
 echo "costliest proxy functions, instructions per request (inclusive):"
 callgrind_annotate --inclusive=yes "$profile" 2>/dev/null |
   sed -nE 's#^ *([0-9,]+) +\( *[0-9.]+%\) +([^ ]*/)?src/proxy/[a-z0-9_]+\.rs:(agentrace::proxy::[^ ]+).*#\1 \3#p' |
@@ -91,7 +107,7 @@ url="http://127.0.0.1:$port/v1/chat/completions"
 count_peer() {
   local name=$1
   shift
-  valgrind --tool=callgrind --callgrind-out-file="$out/$name.cg" "$@" >"$out/$name.log" 2>&1 &
+  valgrind --tool=callgrind $cache_sim --callgrind-out-file="$out/$name.cg" "$@" >"$out/$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do (exec 9<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.2; done
   wrk -t"$threads" -c"$conns" -d5s -s "$script" "$url" >/dev/null
@@ -106,6 +122,7 @@ count_peer() {
   [ -n "$dump" ] || { echo "$name: no callgrind dump in $out (see $out/$name.log)" >&2; return; }
   count=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   echo "$name: requests $served; instructions: $count; per request: $((count / served))"
+  misses "$dump" "$served"
 }
 
 servers=""
