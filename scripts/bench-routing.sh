@@ -15,7 +15,10 @@
 # a slice of it. HEADER=0 replays without any session header (fingerprint vs the peers' prefix
 # trees). RUNS=3 repeats every router on a new cluster (new ports, so new backend names and a
 # new draw of hash luck). TIME_SCALE (default 0.02) scales the simulated time and delays.
-# ROUTERS="agentrace:session smg:cache_aware ..." picks the rows; AGENTRACE_CONFIG=file.toml
+# ROUTERS="agentrace:session smg:cache_aware ..." picks the rows; `direct:balanced` adds a row
+# with no router at all, each replica replayed by its own client with the conversations split
+# evenly ahead of time (the best placement that never moves a cache; DATASET a file, whole; no
+# client columns, as its clients' figures do not add up); AGENTRACE_CONFIG=file.toml
 # gives agentrace's proxy a config file (its `[affinity]`, say) under the flags. The proxy's
 # active window (`affinity.active_secs`, 20 s) is scaled by TIME_SCALE like every simulated
 # time, unless that file sets it: unscaled, sessions that ended would count as live context
@@ -44,6 +47,30 @@ fi
 dataset_args=(--dataset "$dataset")
 [ "$dataset" = standard ] && dataset_args=()
 [ -n "${TRAJECTORIES:-}" ] && dataset_args+=(--num-trajectories "$TRAJECTORIES")
+# Splits dataset file $1 into $2 files $3<i>.jsonl of whole conversations: longest (most client
+# turns) first, each to the part with the fewest conversations so far, ties to the fewest
+# turns. Prints each part's conversation count, one a line.
+split_balanced() {
+    python3 - "$@" <<'PY'
+import json, sys
+src, n, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = {}
+for line in open(src):
+    row = json.loads(line)
+    rows.setdefault(row["conversation_id"], []).append((row["role"], line))
+turns = {c: sum(role != "assistant" for role, _ in r) for c, r in rows.items()}
+parts = [[] for _ in range(n)]
+for c in sorted(turns, key=lambda c: -turns[c]):
+    i = min(range(n), key=lambda i: (len(parts[i]), sum(turns[x] for x in parts[i])))
+    parts[i].append(c)
+if not all(parts):
+    sys.exit(f"direct:balanced: {len(rows)} conversations cannot fill {n} replicas")
+for i, part in enumerate(parts):
+    with open(f"{prefix}{i}.jsonl", "w") as f:
+        f.writelines(line for c in part for _, line in rows[c])
+    print(len(part))
+PY
+}
 rows="$work/rows.tsv"
 : >"$rows"
 
@@ -94,9 +121,19 @@ for router in $routers; do
             "$venv/bin/vllm-router" --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
                 --policy "$policy" >"$work/router.log" 2>&1 &
             ;;
+        direct)
+            [ -f "$dataset" ] && [ -z "${TRAJECTORIES:-}" ] \
+                || { echo "$bench_name: direct:balanced needs a dataset file, whole" >&2; exit 2; }
+            ;;
+        *)
+            echo "$bench_name: unknown router $router" >&2
+            exit 2
+            ;;
     esac
-    pids+=($!)
-    (wait_http "http://127.0.0.1:$port/v1/models") || { cat "$work/router.log" >&2; exit 1; }
+    if [ "$kind" != direct ]; then
+        pids+=($!)
+        (wait_http "http://127.0.0.1:$port/v1/models") || { cat "$work/router.log" >&2; exit 1; }
+    fi
     out="$work/$kind-$policy"
     rm -rf "$out"
     # Without a header the replayer's default (X-Session-ID) must be emptied by a config.
@@ -104,9 +141,30 @@ for router in $routers; do
     routing=(--config "$work/no-header.toml")
     [ "$header" = 1 ] && routing=(--routing-header x-session-id)
     status=0
-    "$bin" replay --target "http://127.0.0.1:$port" "${dataset_args[@]}" --model-name "$model" \
-        --concurrency "$conc" --delays false --time-scale "$scale" "${routing[@]}" --no-progress \
-        --out "$out" >"$work/replay.log" 2>&1 || { status=$?; tail -3 "$work/replay.log" >&2; }
+    summaries="$out/result_summary.json"
+    if [ "$kind" = direct ]; then
+        # No router: the conversations split ahead of time, longest first, each to the replica
+        # with the fewest so far (ties: the fewest turns), and each replica replayed by its own
+        # client at its share of the concurrency. It knows every conversation's length, so it
+        # is the placement a router could at best reach without moving a cache.
+        mapfile -t shares < <(split_balanced "$dataset" "${#urls[@]}" "$work/part")
+        replays=()
+        summaries=""
+        for i in "${!urls[@]}"; do
+            "$bin" replay --target "${urls[$i]}" --dataset "$work/part$i.jsonl" --model-name "$model" \
+                --concurrency "${shares[$i]}" --delays false --time-scale "$scale" "${routing[@]}" \
+                --no-progress --out "$out/$i" >"$work/replay$i.log" 2>&1 &
+            replays+=($!)
+            summaries+="${summaries:+:}$out/$i/result_summary.json"
+        done
+        for i in "${!replays[@]}"; do
+            wait "${replays[$i]}" || { status=$?; tail -3 "$work/replay$i.log" >&2; }
+        done
+    else
+        "$bin" replay --target "http://127.0.0.1:$port" "${dataset_args[@]}" --model-name "$model" \
+            --concurrency "$conc" --delays false --time-scale "$scale" "${routing[@]}" --no-progress \
+            --out "$out" >"$work/replay.log" 2>&1 || { status=$?; tail -3 "$work/replay.log" >&2; }
+    fi
     for u in "${urls[@]}"; do curl -fs "$u/metrics"; echo "# end"; done >"$work/metrics.txt"
     # agentrace's own account of its decisions (hash, placed, spill, ...), after the failures.
     : >"$work/decisions.txt"
@@ -114,7 +172,7 @@ for router in $routers; do
         admin="$(grep -o 'admin [0-9.:]*' "$work/router.log" | cut -d' ' -f2)"
         curl -fs "http://$admin/metrics" | grep '^agentrace_affinity_decisions_total' >"$work/decisions.txt" || true
     fi
-    python3 - "$out/result_summary.json" "$work/metrics.txt" "$kind:$policy" "$status" "$rows" "$work/decisions.txt" <<'PY'
+    python3 - "$summaries" "$work/metrics.txt" "$kind:$policy" "$status" "$rows" "$work/decisions.txt" <<'PY'
 import json, re, sys
 summary, metrics, name, status, rows, decisions = sys.argv[1:]
 outcomes = {}
@@ -156,13 +214,17 @@ def p90_of(hist):
 p90 = p90_of(buckets["vllm:time_to_first_token_seconds"])
 queue_p90 = p90_of(buckets["vllm:request_queue_time_seconds"])
 try:
-    s = json.load(open(summary))
+    parts = [json.load(open(p)) for p in summary.split(":")]
+    s = parts[0]
     t = s["ttft"]["percentiles"]
     cli = (t["50.0"] / 1e6, t["90.0"] / 1e6)
     m = s["metrics"]
     tps = m["system_tps"]
-    slow = m["per_user"]["tokens_per_s"]["min"]
-    failures = s["n_samples_failed"]
+    slow = min(p["metrics"]["per_user"]["tokens_per_s"]["min"] for p in parts)
+    failures = sum(p["n_samples_failed"] for p in parts)
+    if len(parts) > 1:
+        # One client per replica: their percentiles and token rates do not add up.
+        cli, tps = (float("nan"),) * 2, float("nan")
 except Exception as e:
     cli, tps, slow, failures = (float("nan"),) * 2, float("nan"), float("nan"), f"replay exit {status}: {e}"
 hit, mean = hits / max(queries, 1), 1000 * tsum / max(tcount, 1)
