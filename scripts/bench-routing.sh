@@ -71,6 +71,16 @@ for i, part in enumerate(parts):
     print(len(part))
 PY
 }
+for router in $routers; do
+    case "$router" in
+        agentrace:* | smg:* | vllm:*) ;;
+        direct:balanced)
+            [ -f "$dataset" ] && [ -z "${TRAJECTORIES:-}" ] \
+                || { echo "$bench_name: direct:balanced needs a dataset file, whole" >&2; exit 2; }
+            ;;
+        *) echo "$bench_name: unknown router $router (agentrace:, smg:, vllm:POLICY or direct:balanced)" >&2; exit 2 ;;
+    esac
+done
 rows="$work/rows.tsv"
 : >"$rows"
 
@@ -120,14 +130,6 @@ for router in $routers; do
         vllm)
             "$venv/bin/vllm-router" --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
                 --policy "$policy" >"$work/router.log" 2>&1 &
-            ;;
-        direct)
-            [ -f "$dataset" ] && [ -z "${TRAJECTORIES:-}" ] \
-                || { echo "$bench_name: direct:balanced needs a dataset file, whole" >&2; exit 2; }
-            ;;
-        *)
-            echo "$bench_name: unknown router $router" >&2
-            exit 2
             ;;
     esac
     if [ "$kind" != direct ]; then
