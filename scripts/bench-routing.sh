@@ -17,8 +17,9 @@
 # new draw of hash luck). TIME_SCALE (default 0.02) scales the simulated time and delays.
 # ROUTERS="agentrace:session smg:cache_aware ..." picks the rows; `direct:balanced` adds a row
 # with no router at all, each replica replayed by its own client with the conversations split
-# evenly ahead of time (the best placement that never moves a cache; DATASET a file, whole; no
-# client columns, as its clients' figures do not add up); AGENTRACE_CONFIG=file.toml
+# evenly ahead of time (a split no router can make, as it knows every conversation's length;
+# it never moves one; DATASET a file, whole; no client columns, as its clients' figures do not
+# add up); AGENTRACE_CONFIG=file.toml
 # gives agentrace's proxy a config file (its `[affinity]`, say) under the flags. The proxy's
 # active window (`affinity.active_secs`, 20 s) is scaled by TIME_SCALE like every simulated
 # time, unless that file sets it: unscaled, sessions that ended would count as live context
@@ -147,8 +148,8 @@ for router in $routers; do
     if [ "$kind" = direct ]; then
         # No router: the conversations split ahead of time, longest first, each to the replica
         # with the fewest so far (ties: the fewest turns), and each replica replayed by its own
-        # client at its share of the concurrency. It knows every conversation's length, so it
-        # is the placement a router could at best reach without moving a cache.
+        # client at its share of the concurrency: a yardstick for placement that knows every
+        # conversation's length, which no router does, and never moves a conversation.
         mapfile -t shares < <(split_balanced "$dataset" "${#urls[@]}" "$work/part")
         replays=()
         summaries=""
