@@ -144,13 +144,13 @@ for router in $routers; do
     routing=(--config "$work/no-header.toml")
     [ "$header" = 1 ] && routing=(--routing-header x-session-id)
     status=0
-    summaries="$out/result_summary.json"
     if [ "$kind" = direct ]; then
         # No router: the conversations split ahead of time, longest first, each to the replica
         # with the fewest so far (ties: the fewest turns), and each replica replayed by its own
         # client at its share of the concurrency: a yardstick for placement that knows every
         # conversation's length, which no router does, and never moves a conversation.
         mapfile -t shares < <(split_balanced "$dataset" "${#urls[@]}" "$work/part")
+        [ "${#shares[@]}" -eq "${#urls[@]}" ] || exit 2
         replays=()
         summaries=""
         for i in "${!urls[@]}"; do
@@ -164,6 +164,7 @@ for router in $routers; do
             wait "${replays[$i]}" || { status=$?; tail -3 "$work/replay$i.log" >&2; }
         done
     else
+        summaries="$out/result_summary.json"
         "$bin" replay --target "http://127.0.0.1:$port" "${dataset_args[@]}" --model-name "$model" \
             --concurrency "$conc" --delays false --time-scale "$scale" "${routing[@]}" --no-progress \
             --out "$out" >"$work/replay.log" 2>&1 || { status=$?; tail -3 "$work/replay.log" >&2; }
