@@ -241,11 +241,7 @@ async fn with_the_picker_down_envoy_answers_with_its_configured_failure_mode() {
     ) else {
         return;
     };
-    // A port nothing listens on: bound, then released.
-    let gone = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_refusing, gone) = support::refusing_socket_addr();
     let envoy = Envoy::start(&bin, &envoy::gateway_config(gone, false)).await;
     let reply = chat(
         envoy.addr,

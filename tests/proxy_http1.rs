@@ -930,10 +930,7 @@ async fn a_get_the_backend_took_whole_and_closed_on_is_sent_to_the_next_choice()
 /// A POST whose backend refuses the connection never reached it: it goes to the next backend.
 #[tokio::test]
 async fn a_post_whose_backend_refuses_the_connection_is_sent_to_the_next_choice() {
-    let dead = {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
+    let (_refusing, dead) = support::refusing_address();
     let other = TestBackend::spawn("other").await;
     let proxy = start_proxy(config_over(&[("dead", dead), ("other", other.url())])).await;
     let key = key_routed_to(&proxy, "dead").await;

@@ -934,12 +934,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_connect_keeps_its_io_error_and_prints_it_once() {
-        // A port that was just free: nothing listens on it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Bound but never listening: refused, and no other test's server can take the port.
+        let held =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        held.bind(&any.into()).unwrap();
+        let port = held.local_addr().unwrap().as_socket().unwrap().port();
         let backend = BackendUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
         let tls = TlsConnector::from(Arc::new(
             crate::remote::client_config(crate::remote::Trust::Nothing, &[]).unwrap(),

@@ -28,10 +28,16 @@ pub fn skip(test: &str, why: &str) {
 /// lives: bound but never listening, so a connect is refused and no other server, in this
 /// test binary or another, can take the port meanwhile (a port freed at once can be).
 pub fn refusing_address() -> (socket2::Socket, String) {
+    let (socket, addr) = refusing_socket_addr();
+    (socket, format!("http://{addr}"))
+}
+
+/// [`refusing_address`] as a socket address, for configurations that take one.
+pub fn refusing_socket_addr() -> (socket2::Socket, std::net::SocketAddr) {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
     socket.bind(&any.into()).unwrap();
     let addr = socket.local_addr().unwrap().as_socket().unwrap();
-    (socket, format!("http://{addr}"))
+    (socket, addr)
 }
