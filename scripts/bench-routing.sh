@@ -145,10 +145,7 @@ for router in $routers; do
     [ "$header" = 1 ] && routing=(--routing-header x-session-id)
     status=0
     if [ "$kind" = direct ]; then
-        # No router: the conversations split ahead of time, longest first, each to the replica
-        # with the fewest so far (ties: the fewest turns), and each replica replayed by its own
-        # client at its share of the concurrency: a yardstick for placement that knows every
-        # conversation's length, which no router does, and never moves a conversation.
+        # No router: each replica replayed by its own client over its part of split_balanced.
         mapfile -t shares < <(split_balanced "$dataset" "${#urls[@]}" "$work/part")
         [ "${#shares[@]}" -eq "${#urls[@]}" ] || exit 2
         replays=()
