@@ -3,7 +3,7 @@
 # agentrace can be tested against a real engine on a machine with no GPU and no model files.
 #
 # Everything comes from the package registries: llama.cpp as vendored in the llama-cpp-python
-# source distribution (PyPI), cmake, gguf and numpy (PyPI). Both artefacts are cached outside
+# source distribution (PyPI, through pip), cmake, gguf and numpy (PyPI). Both artefacts are cached outside
 # the work tree; a second run finds them and returns at once.
 #
 #   scripts/real-engine.sh [--words FILE]...   # FILE: text whose words the vocabulary covers
@@ -14,6 +14,8 @@ set -euo pipefail
 
 cache="${AGENTRACE_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrace/real-engine}"
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+# The sdist's sha256 for that version; set both together to build another.
+sha256="${LLAMA_CPP_PYTHON_SHA256:-832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e}"
 here="$(cd "$(dirname "$0")" && pwd)"
 words=()
 while [ $# -gt 0 ]; do
@@ -37,17 +39,15 @@ if [ ! -x "$server" ]; then
     src="$cache/src"
     if [ ! -d "$src/llama_cpp_python-$version" ]; then
         mkdir -p "$src"
-        # The archive itself, from PyPI's simple index, checked against the hash the index
-        # gives: `pip download` would first build the package's metadata, and cmake with it.
+        # The source distribution through pip's configured index, checked against the pinned
+        # hash. Preparing its metadata needs cmake and scikit-build-core present, not a build.
+        "$cache/venv/bin/pip" install --quiet --disable-pip-version-check scikit-build-core
         sdist="llama_cpp_python-$version.tar.gz"
-        link=$(curl -fsSL "https://pypi.org/simple/llama-cpp-python/" |
-            grep -o "https://[^\"]*/$sdist#sha256=[0-9a-f]*" | head -1)
-        if [ -z "$link" ]; then
-            echo "real-engine.sh: PyPI lists no $sdist" >&2
-            exit 1
-        fi
-        curl -fsSL "${link%%#*}" -o "$src/$sdist"
-        echo "${link##*=}  $src/$sdist" | sha256sum --check --quiet
+        printf 'llama-cpp-python==%s --hash=sha256:%s\n' "$version" "$sha256" >"$src/requirement.txt"
+        "$cache/venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \
+            --no-binary :all: --no-build-isolation --require-hashes -r "$src/requirement.txt" \
+            -d "$src" ||
+            { echo "real-engine.sh: pip could not download llama-cpp-python==$version with sha256 $sha256" >&2; exit 1; }
         tar -xzf "$src/$sdist" -C "$src"
     fi
     llama="$src/llama_cpp_python-$version/vendor/llama.cpp"
