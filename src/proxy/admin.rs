@@ -302,8 +302,10 @@ fn backend_json(b: &super::routing::Backend) -> serde_json::Value {
         "in_flight": b.in_flight.load(Ordering::Relaxed),
         "sessions": b.sessions.load(Ordering::Relaxed).max(0),
         "active_context_bytes": b.active_bytes.load(Ordering::Relaxed).max(0),
-        // 0 until the backend's /metrics states it.
+        // 0 until the backend's engine states it.
         "kv_cache_tokens": b.kv_cache_tokens.load(Ordering::Relaxed),
+        // Which answer stated it; "unknown" when the engine states it nowhere.
+        "kv_cache_source": b.kv_cache.source(),
         "bytes_per_token": b.bytes_per_token(),
     })
 }

@@ -81,10 +81,9 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
     };
     let healthy = outcome.is_ok();
     record_probe(&backend, outcome, cfg);
-    // Apart from the probe, so a slow `/metrics` never fails one.
-    if healthy && !backend.kv_cache_asked.load(Ordering::Relaxed) {
-        let timeout = Duration::from_millis(cfg.timeout_ms);
-        let _ = tokio::time::timeout(timeout, learn_kv_cache(connections, &backend)).await;
+    // Apart from the probe, so a slow answer about the cache never fails one.
+    if healthy && backend.kv_cache.asking() {
+        learn_kv_cache(connections, &backend, Duration::from_millis(cfg.timeout_ms)).await;
     }
 }
 
@@ -106,31 +105,62 @@ async fn get(
     connections.send(url, req).await
 }
 
-/// Reads the size of a healthy backend's KV cache from its `/metrics`, once it answers there.
-async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend) {
-    let path = PathAndQuery::from_static("/metrics");
-    let Ok(resp) = get(connections, &backend.url, &path).await else {
-        return;
+/// Asks a healthy backend for its KV cache size where each engine states it
+/// ([`capacity::KV_PATHS`], in turn, each within `timeout`), until one answer does; logs once
+/// when none can.
+async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend, timeout: Duration) {
+    let (mut failed, mut not_yet) = (false, false);
+    for i in 0..capacity::KV_PATHS.len() {
+        if !backend.kv_cache.ask(i) {
+            continue;
+        }
+        let answer = tokio::time::timeout(timeout, ask_kv_cache(connections, backend, i));
+        match answer.await.unwrap_or(Answer::Failed) {
+            Answer::Failed => failed = true,
+            Answer::Said(capacity::Reading::NotYet) => not_yet = true,
+            Answer::Said(capacity::Reading::Silent) => backend.kv_cache.silent(i),
+            Answer::Said(capacity::Reading::Size(tokens, source)) => {
+                backend.kv_cache_tokens.store(tokens, Ordering::Relaxed);
+                backend.kv_cache.stated(source);
+                tracing::info!(backend = %backend.name, tokens, source = source.as_str(), "KV cache size read from the engine");
+                return;
+            }
+        }
+    }
+    if backend.kv_cache.round_ended(failed, not_yet) {
+        tracing::warn!(backend = %backend.name, paths = ?capacity::KV_PATHS, "KV cache size unknown: the engine states it at none of these paths; placement treats it as unknown (affinity.kv_cache_tokens sets it)");
+    }
+}
+
+/// What one path of a backend said about its KV cache.
+enum Answer {
+    /// An answer, stating the size or not.
+    Said(capacity::Reading),
+    /// No answer worth keeping (a 5xx, a broken or oversized body): ask again.
+    Failed,
+}
+
+/// `GET KV_PATHS[path]` on `backend`, and what its answer states.
+async fn ask_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend, path: usize) -> Answer {
+    let uri = PathAndQuery::from_static(capacity::KV_PATHS[path]);
+    let Ok(resp) = get(connections, &backend.url, &uri).await else {
+        return Answer::Failed;
     };
-    if resp.status.is_server_error() {
-        return;
+    // 501 is llama-server's answer for an endpoint it was started without: that is final.
+    if resp.status.is_server_error() && resp.status != StatusCode::NOT_IMPLEMENTED {
+        return Answer::Failed;
     }
-    // Any other answer settles it, whether or not it states a size.
-    backend.kv_cache_asked.store(true, Ordering::Relaxed);
-    if !resp.status.is_success() {
-        return;
-    }
-    let Ok(body) = Limited::new(resp.body, capacity::MAX_METRICS_BYTES)
+    // Read in full (bounded) either way, so the connection can be reused.
+    let Ok(body) = Limited::new(resp.body, capacity::MAX_ANSWER_BYTES)
         .collect()
         .await
     else {
-        return;
+        return Answer::Failed;
     };
-    let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
-    if let Some(tokens) = capacity::kv_cache_tokens(&text) {
-        backend.kv_cache_tokens.store(tokens, Ordering::Relaxed);
-        tracing::info!(backend = %backend.name, tokens, "KV cache size read from /metrics");
+    if !resp.status.is_success() {
+        return Answer::Said(capacity::Reading::Silent);
     }
+    Answer::Said(capacity::read(path, &body.to_bytes()))
 }
 
 /// Applies one probe result with hysteresis.

@@ -101,15 +101,14 @@ pub(crate) struct Backend {
     /// one ended within the active window: the context this backend must hold for its live
     /// sessions.
     pub active_bytes: CachePadded<AtomicI64>,
-    /// Its KV cache in tokens, as its `/metrics` stated it (0 until then, or if it does not).
+    /// Its KV cache in tokens, as its engine stated it (0 until then, or if it does not).
     pub kv_cache_tokens: AtomicU64,
     /// Request body bytes per prompt token, learnt from the usage its responses report, in
     /// thousandths (0 until a report): what turns its KV cache size into the body bytes
     /// active context is counted in.
     pub bytes_per_token_milli: AtomicU32,
-    /// Its `/metrics` gave an answer other than a 5xx (stating a cache size or not): not
-    /// asked again.
-    pub kv_cache_asked: AtomicBool,
+    /// How far the health checker got learning `kv_cache_tokens` from the engine.
+    pub kv_cache: crate::proxy::capacity::KvSizeState,
     /// Takes new requests only while healthy.
     pub healthy: AtomicBool,
     /// Draining: known sessions continue here, new sessions go elsewhere.
@@ -146,7 +145,7 @@ impl Backend {
             active_bytes: CachePadded::new(AtomicI64::new(0)),
             kv_cache_tokens: AtomicU64::new(0),
             bytes_per_token_milli: AtomicU32::new(0),
-            kv_cache_asked: AtomicBool::new(false),
+            kv_cache: Default::default(),
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             health: Mutex::new(HealthCounters::default()),
