@@ -2,6 +2,7 @@
 //! its end, bounded, when the body is streamed full-duplex), the placement, and what the
 //! gateway says served it.
 
+use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use http::Method;
 use super::reply;
 use super::Picker;
 use crate::http1::Fields;
+use crate::proxy::budget::{BodyBudget, Charge};
 use crate::proxy::routing::{session_key, Commit, InFlight, Outcome, SessionKey};
 use crate::tap::KeySource;
 
@@ -55,9 +57,43 @@ impl Fields for Headers {
     }
 }
 
+/// A message the gateway may not send: the stream ends with `INVALID_ARGUMENT`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Malformed {
+    /// A `ProcessingRequest` with none of its phases set.
+    #[error("ProcessingRequest with no request phase set")]
+    NoPhase,
+    /// A request body or trailers before the request headers.
+    #[error("{0} before the request headers")]
+    BeforeHeaders(&'static str),
+    /// Request headers twice on one stream (one stream is one HTTP request).
+    #[error("request headers twice on one stream")]
+    HeadersTwice,
+}
+
+/// The picker's way to the proxy's body budget, kept alive by the exchange charging it.
+pub(crate) struct Budget(Arc<Picker>);
+
+/// A held body's charge, handed on with the reply carrying the body: the bytes count until
+/// the gRPC server takes that reply to send.
+pub(crate) type HeldCharge = Charge<Budget>;
+
+impl Deref for Budget {
+    type Target = BodyBudget;
+
+    fn deref(&self) -> &BodyBudget {
+        self.0.inner.body_budget()
+    }
+}
+
 /// Where a request was placed.
 struct Placed {
     endpoint: String,
+    /// When it was placed: it counts in flight until `epp.in_flight_max_ms` after, at most.
+    at: tokio::time::Instant,
+    /// The endpoints the gateway was given for this request: the only ones it may report
+    /// as having served it.
+    offered: Vec<String>,
     key: Option<SessionKey>,
     /// Counted until the response is known complete (see [`Exchange::finish_response`]).
     in_flight: Option<InFlight>,
@@ -81,7 +117,14 @@ pub(crate) struct Exchange {
     sees_response_body: bool,
     headers: Option<Headers>,
     subset: Option<Vec<String>>,
-    body: Vec<u8>,
+    /// The held body as the gateway sent it: each chunk stays the allocation it arrived in,
+    /// so the memory held is what the budget counts.
+    body: Vec<Vec<u8>>,
+    body_len: usize,
+    /// The held body's bytes (and its joined copy) against `request_body_budget_bytes`.
+    charge: HeldCharge,
+    /// The charge of a body just put in a reply, for the caller to send along with it.
+    pub(crate) handed_on: Option<HeldCharge>,
     placed: Option<Placed>,
     /// An immediate response was sent: the stream is over.
     pub(crate) done: bool,
@@ -90,6 +133,9 @@ pub(crate) struct Exchange {
 impl Exchange {
     pub(crate) fn new(picker: Arc<Picker>) -> Self {
         Self {
+            charge: Charge::on(Budget(picker.clone())),
+            handed_on: None,
+            body_len: 0,
             picker,
             hold_body: true,
             echo_response_body: false,
@@ -102,8 +148,29 @@ impl Exchange {
         }
     }
 
-    /// The replies to one message from the gateway, in order.
-    pub(crate) fn on(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    /// The replies to one message from the gateway, in order; a message out of protocol ends
+    /// the stream.
+    pub(crate) fn on(
+        &mut self,
+        msg: ProcessingRequest,
+    ) -> Result<Vec<ProcessingResponse>, Malformed> {
+        match &msg.request {
+            None => return Err(Malformed::NoPhase),
+            Some(Request::RequestHeaders(_)) if self.headers.is_some() => {
+                return Err(Malformed::HeadersTwice)
+            }
+            Some(Request::RequestBody(_)) if self.headers.is_none() => {
+                return Err(Malformed::BeforeHeaders("request body"))
+            }
+            Some(Request::RequestTrailers(_)) if self.headers.is_none() => {
+                return Err(Malformed::BeforeHeaders("request trailers"))
+            }
+            _ => {}
+        }
+        Ok(self.reply(msg))
+    }
+
+    fn reply(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if let Some(config) = &msg.protocol_config {
             self.hold_body = config.request_body_mode == FULL_DUPLEX;
             self.echo_response_body = config.response_body_mode == FULL_DUPLEX;
@@ -116,7 +183,7 @@ impl Exchange {
                     reply::metadata_list(metadata, reply::SUBSET_NAMESPACE, reply::SUBSET_KEY);
                 self.headers = Some(Headers::from_map(h.headers));
                 if h.end_of_stream || !self.hold_body {
-                    self.decide().into_iter().collect()
+                    self.decide(&[]).into_iter().collect()
                 } else {
                     Vec::new()
                 }
@@ -129,33 +196,47 @@ impl Exchange {
                     return vec![reply::request_body(b.body, b.end_of_stream)];
                 }
                 let limit = self.picker.inner.max_request_body();
-                if (self.body.len() + b.body.len()) as u64 > limit {
+                if (self.body_len + b.body.len()) as u64 > limit {
                     return vec![self.refuse(Refusal {
                         status: 413,
                         kind: "body_too_large",
                         message: format!("request body larger than {limit} bytes"),
                     })];
                 }
-                self.body.extend_from_slice(&b.body);
+                if !self.charge.try_add(b.body.len() as u64) {
+                    return vec![self.over_budget()];
+                }
+                if !b.body.is_empty() {
+                    self.body_len += b.body.len();
+                    self.body.push(b.body);
+                }
                 if !b.end_of_stream {
                     return Vec::new();
                 }
-                let mut out: Vec<ProcessingResponse> = self.decide().into_iter().collect();
+                let Some(body) = self.join_body() else {
+                    return vec![self.over_budget()];
+                };
+                let mut out: Vec<ProcessingResponse> = self.decide(&body).into_iter().collect();
                 if !self.done {
-                    out.push(reply::request_body(std::mem::take(&mut self.body), true));
+                    out.push(reply::request_body(body, true));
+                    self.hand_on_body();
                 }
                 out
             }
             Some(Request::RequestTrailers(_)) => {
                 let mut out = Vec::new();
                 if self.placed.is_none() && !self.done {
-                    out.extend(self.decide());
+                    let Some(body) = self.join_body() else {
+                        return vec![self.over_budget()];
+                    };
+                    out.extend(self.decide(&body));
                     if self.done {
                         return out;
                     }
                     if self.hold_body {
-                        out.push(reply::request_body(std::mem::take(&mut self.body), false));
+                        out.push(reply::request_body(body, false));
                     }
+                    self.hand_on_body();
                 }
                 out.push(reply::request_trailers());
                 out
@@ -181,11 +262,11 @@ impl Exchange {
 
     /// Places the request (once its body, if held, is complete): the destination reply, or
     /// an immediate refusal.
-    fn decide(&mut self) -> Option<ProcessingResponse> {
+    fn decide(&mut self, body: &[u8]) -> Option<ProcessingResponse> {
         if self.placed.is_some() || self.done {
             return None;
         }
-        match self.place() {
+        match self.place(body) {
             Ok(placed) => {
                 let reply = reply::destination(&placed.endpoint);
                 self.placed = Some(placed);
@@ -197,14 +278,62 @@ impl Exchange {
 
     fn refuse(&mut self, refusal: Refusal) -> ProcessingResponse {
         self.done = true;
-        self.body = Vec::new();
+        self.release_body();
         if let Ok(status) = http::StatusCode::from_u16(refusal.status) {
             self.picker.inner.metrics().refused(status);
         }
         reply::immediate(refusal.status, refusal.kind, &refusal.message)
     }
 
-    fn place(&self) -> Result<Placed, Refusal> {
+    /// The answer when held bodies are at `request_body_budget_bytes`: the proxy's, a `503`
+    /// the client may retry shortly.
+    fn over_budget(&mut self) -> ProcessingResponse {
+        self.picker.inner.metrics().body_budget_refused();
+        let message = format!(
+            "request bodies held by the proxy are at request_body_budget_bytes ({}); retry shortly",
+            self.picker.inner.body_budget().limit()
+        );
+        let mut reply = self.refuse(Refusal {
+            status: 503,
+            kind: "overloaded",
+            message,
+        });
+        reply::add_retry_after(&mut reply, crate::proxy::budget::RETRY_AFTER_SECS);
+        reply
+    }
+
+    /// The held body in one piece: the chunk itself when it came in one, else a copy counted
+    /// against the budget (None without room for it).
+    fn join_body(&mut self) -> Option<Vec<u8>> {
+        if self.body.len() <= 1 {
+            return Some(self.body.pop().unwrap_or_default());
+        }
+        if !self.charge.try_add(self.body_len as u64) {
+            return None;
+        }
+        let mut joined = Vec::with_capacity(self.body_len);
+        for chunk in self.body.drain(..) {
+            joined.extend_from_slice(&chunk);
+        }
+        Some(joined)
+    }
+
+    /// The body went into a reply: its charge goes with it.
+    fn hand_on_body(&mut self) {
+        let fresh = Charge::on(Budget(self.picker.clone()));
+        self.handed_on = Some(std::mem::replace(&mut self.charge, fresh));
+        self.body = Vec::new();
+        self.body_len = 0;
+    }
+
+    /// The body is refused: nothing held counts against the budget any more.
+    fn release_body(&mut self) {
+        self.body = Vec::new();
+        self.body_len = 0;
+        self.charge = Charge::on(Budget(self.picker.clone()));
+    }
+
+    fn place(&self, body: &[u8]) -> Result<Placed, Refusal> {
         let inner = &self.picker.inner;
         let router = inner.router();
         let pool = router.pool();
@@ -223,7 +352,7 @@ impl Exchange {
             pool.affinity.fingerprint,
             &method,
             path,
-            &self.body,
+            body,
         );
 
         // The subset hint: endpoints outside it are as good as tried already.
@@ -271,8 +400,11 @@ impl Exchange {
         }
         let source = key.as_ref().map_or(KeySource::None, |k| k.source);
         inner.metrics().decision(source, decision.outcome);
+        let endpoint = backend.url.server.authority.as_str().to_string();
         Ok(Placed {
-            endpoint: backend.url.server.authority.as_str().to_string(),
+            at: tokio::time::Instant::now(),
+            offered: vec![endpoint.clone()],
+            endpoint,
             key,
             in_flight: Some(InFlight::new(backend.clone())),
         })
@@ -290,6 +422,16 @@ impl Exchange {
         };
         let served = served.split(',').next().unwrap_or("").trim();
         if served == placed.endpoint {
+            return;
+        }
+        // Only the gateway knows what served, but anyone who can open a stream can say so:
+        // a session moves only to an endpoint this stream was offered.
+        if !placed.offered.iter().any(|e| e == served) {
+            self.picker
+                .inner
+                .metrics()
+                .epp_refused("served_not_offered");
+            tracing::debug!(served, offered = ?placed.offered, "served endpoint ignored: not offered for this stream");
             return;
         }
         let router = self.picker.inner.router();
@@ -325,6 +467,26 @@ impl Exchange {
     fn finish_response(&mut self) {
         if let Some(placed) = self.placed.as_mut() {
             placed.in_flight = None;
+        }
+    }
+
+    /// When the request stops counting in flight even if the gateway never says it ended.
+    pub(crate) fn in_flight_until(
+        &self,
+        longest: std::time::Duration,
+    ) -> Option<tokio::time::Instant> {
+        let placed = self.placed.as_ref()?;
+        placed.in_flight.as_ref()?;
+        Some(placed.at + longest)
+    }
+
+    /// The request has counted in flight for `epp.in_flight_max_ms`: it stops counting.
+    pub(crate) fn expire_in_flight(&mut self) {
+        if let Some(placed) = self.placed.as_mut() {
+            if placed.in_flight.take().is_some() {
+                self.picker.inner.metrics().epp_refused("in_flight_expired");
+                tracing::debug!(endpoint = %placed.endpoint, "request counted in flight past epp.in_flight_max_ms: no longer counted");
+            }
         }
     }
 }

@@ -3,8 +3,9 @@
 //! answers with the proxy's own placement (session keys, conversation fingerprint, bounded
 //! load, session table, health checks), run by the proxy's code on the proxy's configuration.
 //!
-//! Stages: `exchange` (one ext_proc stream: headers, held body, placement, served endpoint) →
-//! `reply` (the messages sent back); `cli` loads the configuration and reloads it on SIGHUP.
+//! Stages: `listener` (accepted connections: cap, idle timeout, `TCP_NODELAY`) → `exchange`
+//! (one ext_proc stream: headers, held body, placement, served endpoint) → `reply` (the
+//! messages sent back); `cli` loads the configuration and reloads it on SIGHUP.
 //! The endpoints are the config's `backends`, or the pods of an `InferencePool` followed by
 //! `pool_watch` over `kube` (a small Kubernetes API client). The admin port (metrics,
 //! sessions, drain) is the proxy's.
@@ -12,6 +13,7 @@
 pub(crate) mod cli;
 mod exchange;
 mod kube;
+mod listener;
 mod pool_watch;
 mod reply;
 
@@ -19,6 +21,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -30,7 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use parking_lot::Mutex;
 
-use crate::proxy::config::BackendConfig;
+use crate::proxy::config::{BackendConfig, Secret};
 use crate::proxy::{start_placement, Inner, Placement, ProxyConfig, ProxyError};
 use crate::shutdown::Shutdown;
 
@@ -64,6 +67,14 @@ pub enum EppError {
     /// `epp.inference_pool` cannot be used, or cannot change without a restart.
     #[error("config: {0}")]
     InferencePool(String),
+    /// `epp.token_file` could not be read, or holds no token.
+    #[error("config: epp.token_file: cannot use {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The gRPC listener could not be bound.
     #[error("cannot listen on {addr} (epp listener): {source}")]
     Bind {
@@ -79,7 +90,9 @@ impl EppError {
     pub fn is_config(&self) -> bool {
         match self {
             EppError::Proxy(e) => e.is_config(),
-            EppError::Endpoint { .. } | EppError::InferencePool(_) => true,
+            EppError::Endpoint { .. } | EppError::InferencePool(_) | EppError::TokenFile { .. } => {
+                true
+            }
             EppError::Bind { .. } => false,
         }
     }
@@ -117,14 +130,102 @@ pub fn check_endpoints(config: &ProxyConfig) -> Result<(), EppError> {
     Ok(())
 }
 
+/// Reads `epp.token_file`: the token every ext_proc stream must present, if any.
+fn read_token(config: &ProxyConfig) -> Result<Option<Secret>, EppError> {
+    let Some(path) = &config.epp.token_file else {
+        return Ok(None);
+    };
+    let bad = |reason: String| EppError::TokenFile {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(bad("the file is empty".into()));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad("a token is printable ASCII with no spaces".into()));
+    }
+    Ok(Some(Secret(token.to_string())))
+}
+
 /// What every stream of the picker shares.
 pub(crate) struct Picker {
     inner: Arc<Inner>,
     /// `epp.shed_in_flight`, reloadable.
     shed_in_flight: AtomicU64,
+    /// `epp.in_flight_max_ms`, reloadable.
+    in_flight_max_ms: AtomicU64,
+    /// The token of `epp.token_file`, re-read on reload.
+    token: Mutex<Option<Secret>>,
+}
+
+impl Picker {
+    /// Whether `metadata` carries the bearer token, when one is required. Compared in
+    /// constant time, so a client cannot find it byte by byte from response times.
+    fn authorized(&self, metadata: &tonic::metadata::MetadataMap) -> bool {
+        let token = self.token.lock();
+        let Some(Secret(token)) = token.as_ref() else {
+            return true;
+        };
+        let presented = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        presented.len() == token.len()
+            && presented
+                .bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
+    /// Counts a refused stream and logs it, once per connection (each one is counted).
+    fn refused(&self, reason: &'static str, why: &str, conn: Option<&listener::ConnState>) {
+        self.inner.metrics().epp_refused(reason);
+        match conn {
+            Some(c) if c.first_refusal() => {
+                tracing::warn!(peer = %c.peer, reason, "epp stream refused: {why}")
+            }
+            _ => tracing::debug!(reason, "epp stream refused: {why}"),
+        }
+    }
+}
+
+/// The status a stream ends with when the gateway's gRPC could not be read as ext_proc
+/// messages; None when the stream broke (reset, connection lost) rather than being malformed.
+fn unreadable(status: &Status) -> Option<Status> {
+    use tonic::Code;
+    let message = format!("malformed ext_proc message: {}", status.message());
+    match status.code() {
+        // tonic's decoder: protobuf that does not decode, a bad compressed flag, a message cut
+        // short by the end of the stream.
+        Code::Internal | Code::InvalidArgument => Some(Status::invalid_argument(message)),
+        // A length prefix past the most a message may be.
+        Code::OutOfRange | Code::ResourceExhausted => Some(Status::resource_exhausted(message)),
+        Code::Unimplemented => Some(Status::unimplemented(message)),
+        _ => None,
+    }
+}
+
+/// Sleeps until `deadline`; for ever without one.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 struct Service(Arc<Picker>);
+
+/// A reply on its way to the gateway, with the body charge it carries (see
+/// [`exchange::HeldCharge`]), dropped when the gRPC server takes the reply.
+type Outgoing = (
+    Result<ProcessingResponse, Status>,
+    Option<exchange::HeldCharge>,
+);
 
 type ReplyStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
 
@@ -136,27 +237,76 @@ impl ExternalProcessor for Service {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let picker = self.0.clone();
-        tokio::spawn(async move {
-            // The exchange (and its in-flight count) lives as long as the gateway's stream.
-            let mut exchange = exchange::Exchange::new(picker);
-            while let Ok(Some(msg)) = inbound.message().await {
-                for reply in exchange.on(msg) {
-                    if tx.send(Ok(reply)).await.is_err() {
-                        return;
-                    }
-                }
-                if exchange.done {
-                    return;
-                }
-            }
-        });
+        let conn = request
+            .extensions()
+            .get::<Arc<listener::ConnState>>()
+            .cloned();
+        if !self.0.authorized(request.metadata()) {
+            let why = "no valid bearer token (epp.token_file)";
+            self.0.refused("unauthenticated", why, conn.as_deref());
+            return Err(Status::unauthenticated(why));
+        }
+        let inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Outgoing>(8);
+        tokio::spawn(serve_stream(self.0.clone(), inbound, tx, conn));
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+            rx.recv().await.map(|(item, _charge)| (item, rx))
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Runs one ext_proc stream: the exchange (and its in-flight count) lives as long as the
+/// gateway's stream, its in-flight count at most `epp.in_flight_max_ms`.
+async fn serve_stream(
+    picker: Arc<Picker>,
+    mut inbound: Streaming<ProcessingRequest>,
+    tx: tokio::sync::mpsc::Sender<Outgoing>,
+    conn: Option<Arc<listener::ConnState>>,
+) {
+    let _open = conn.as_ref().map(|c| c.stream_opened());
+    let mut exchange = exchange::Exchange::new(picker.clone());
+    loop {
+        let longest = Duration::from_millis(picker.in_flight_max_ms.load(Ordering::Relaxed));
+        let deadline = exchange.in_flight_until(longest);
+        let next = tokio::select! {
+            next = inbound.message() => next,
+            _ = until(deadline) => {
+                exchange.expire_in_flight();
+                continue;
+            }
+        };
+        let msg = match next {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return,
+            Err(status) => {
+                if let Some(answer) = unreadable(&status) {
+                    picker.refused("malformed_message", answer.message(), conn.as_deref());
+                    let _ = tx.send((Err(answer), None)).await;
+                }
+                return;
+            }
+        };
+        let replies = match exchange.on(msg) {
+            Ok(replies) => replies,
+            Err(e) => {
+                let answer = Status::invalid_argument(format!("malformed ext_proc stream: {e}"));
+                picker.refused("malformed_message", answer.message(), conn.as_deref());
+                let _ = tx.send((Err(answer), None)).await;
+                return;
+            }
+        };
+        let mut charge = exchange.handed_on.take();
+        let last = replies.len().saturating_sub(1);
+        for (i, reply) in replies.into_iter().enumerate() {
+            let charge = if i == last { charge.take() } else { None };
+            if tx.send((Ok(reply), charge)).await.is_err() {
+                return;
+            }
+        }
+        if exchange.done {
+            return;
+        }
     }
 }
 
@@ -208,6 +358,11 @@ impl Shared {
     }
 }
 
+/// The metrics the listener counts its refusals in: the placement's.
+fn placement_metrics(shared: &Shared) -> crate::proxy::metrics::ProxyMetrics {
+    shared.picker.inner.metrics().clone()
+}
+
 /// Binds `listen` and starts serving ext_proc and gRPC health, placing over `config`'s
 /// backends, or over the pods of `epp.inference_pool`; stops when `shutdown` fires.
 pub async fn start(
@@ -226,6 +381,11 @@ pub async fn start(
         .transpose()
         .map_err(EppError::InferencePool)?;
     let shed = config.epp.shed_in_flight;
+    let token = read_token(&config)?;
+    let limits = listener::Limits {
+        max_connections: config.epp.max_connections,
+        idle: Duration::from_millis(config.epp.idle_timeout_ms),
+    };
     let tcp = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| EppError::Bind {
@@ -240,6 +400,8 @@ pub async fn start(
     let picker = Arc::new(Picker {
         inner: placement.inner.clone(),
         shed_in_flight: AtomicU64::new(shed),
+        in_flight_max_ms: AtomicU64::new(config.epp.in_flight_max_ms),
+        token: Mutex::new(token),
     });
     let admin_addr = placement.admin_addr;
     let shared = Arc::new(Shared {
@@ -270,7 +432,7 @@ pub async fn start(
             .await;
     }
     let service = ExternalProcessorServer::new(Service(picker));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(tcp);
+    let incoming = listener::incoming(tcp, limits, placement_metrics(&shared), shutdown.clone());
     let server = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(health)
@@ -312,16 +474,34 @@ impl EppHandle {
             self.shared.placement.note_refused_reload();
             return Err(e);
         }
+        let token = match read_token(&config) {
+            Ok(token) => token,
+            Err(e) => {
+                self.shared.placement.note_refused_reload();
+                return Err(e);
+            }
+        };
+        if (config.epp.max_connections, config.epp.idle_timeout_ms)
+            != (
+                running.file.epp.max_connections,
+                running.file.epp.idle_timeout_ms,
+            )
+        {
+            tracing::warn!("epp.max_connections and epp.idle_timeout_ms changes need a restart; keeping the running values");
+        }
         let shed = config.epp.shed_in_flight;
+        let in_flight_max_ms = config.epp.in_flight_max_ms;
         let previous = std::mem::replace(&mut running.file, config);
         if let Err(e) = self.shared.placement.reload(running.effective()) {
             running.file = previous;
             return Err(e.into());
         }
-        self.shared
-            .picker
-            .shed_in_flight
-            .store(shed, Ordering::Relaxed);
+        let picker = &self.shared.picker;
+        picker.shed_in_flight.store(shed, Ordering::Relaxed);
+        picker
+            .in_flight_max_ms
+            .store(in_flight_max_ms, Ordering::Relaxed);
+        *picker.token.lock() = token;
         Ok(())
     }
 

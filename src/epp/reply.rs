@@ -170,6 +170,24 @@ pub(crate) fn immediate(status: u16, kind: &str, message: &str) -> ProcessingRes
     }
 }
 
+/// Adds `retry-after: secs` to an immediate response (a refusal the client may retry).
+pub(crate) fn add_retry_after(reply: &mut ProcessingResponse, secs: u64) {
+    if let Some(Response::ImmediateResponse(i)) = reply.response.as_mut() {
+        i.headers
+            .get_or_insert_with(HeaderMutation::default)
+            .set_headers
+            .push(HeaderValueOption {
+                header: Some(HeaderValue {
+                    key: "retry-after".to_string(),
+                    raw_value: secs.to_string().into_bytes(),
+                    ..HeaderValue::default()
+                }),
+                append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+                ..HeaderValueOption::default()
+            });
+    }
+}
+
 /// The string under `namespace.key` of `metadata`, if it is one.
 pub(crate) fn metadata_string<'a>(
     metadata: Option<&'a Metadata>,

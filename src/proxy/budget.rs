@@ -7,6 +7,7 @@
 //! allocated, at most one part ahead of the bytes received (never as a `Content-Length`
 //! declares them), and released when the request is done with them.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
@@ -50,21 +51,28 @@ impl BodyBudget {
 
     /// An empty charge for one body, which grows as the body's bytes arrive.
     pub(crate) fn charge(&self) -> BodyCharge<'_> {
-        BodyCharge {
-            budget: self,
-            bytes: 0,
-        }
+        Charge::on(self)
     }
 }
 
-/// The bytes one request body holds against the budget; given back when dropped.
+/// The bytes one request body holds against the budget reached through `B`; given back when
+/// dropped. Borrowed ([`BodyCharge`]) where the body lives within one call; through an owner
+/// of the budget where the body outlives it (the endpoint picker holds one across messages).
 #[derive(Debug)]
-pub(crate) struct BodyCharge<'a> {
-    budget: &'a BodyBudget,
+pub(crate) struct Charge<B: Deref<Target = BodyBudget>> {
+    budget: B,
     bytes: u64,
 }
 
-impl BodyCharge<'_> {
+/// A charge borrowing the budget.
+pub(crate) type BodyCharge<'a> = Charge<&'a BodyBudget>;
+
+impl<B: Deref<Target = BodyBudget>> Charge<B> {
+    /// An empty charge on the budget `budget` leads to.
+    pub(crate) fn on(budget: B) -> Self {
+        Self { budget, bytes: 0 }
+    }
+
     /// Counts `n` more bytes of this body. Refused (nothing counted) when the body is past
     /// [`ALWAYS_ADMITTED`] and all bodies together would hold more than the budget. One atomic
     /// add per call, and one more to take it back only when refused.
@@ -89,7 +97,7 @@ impl BodyCharge<'_> {
     }
 }
 
-impl Drop for BodyCharge<'_> {
+impl<B: Deref<Target = BodyBudget>> Drop for Charge<B> {
     fn drop(&mut self) {
         if self.bytes > 0 {
             self.budget.held.fetch_sub(self.bytes, Ordering::Relaxed);

@@ -64,16 +64,44 @@ pub struct ProxyConfig {
 
 /// Settings only the endpoint picker reads; its endpoints are `backends`, whose URLs must then
 /// be `http://IP:PORT` (what the gateway connects to), or the pods of `inference_pool`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EppConfig {
     /// A request is shed (`429`) when every endpoint it may go to already has this many
     /// requests in flight through the picker (0: never shed).
     pub shed_in_flight: u64,
+    /// Most gRPC connections open at once; one more is closed as soon as accepted. A gateway
+    /// needs a few per worker thread: the cap bounds descriptors and memory, not throughput.
+    pub max_connections: usize,
+    /// A gRPC connection that reads nothing and has no ext_proc stream open this long is
+    /// closed (a gateway reconnects when it next needs one).
+    pub idle_timeout_ms: u64,
+    /// Longest a placed request counts in flight when the gateway never reports its end (a
+    /// stream left open), so one stuck stream cannot skew bounded load and `shed_in_flight`
+    /// for ever. Above the longest generation a backend serves.
+    pub in_flight_max_ms: u64,
+    /// File holding a bearer token every ext_proc stream must present
+    /// (`authorization: Bearer TOKEN`, set in the gateway's `grpc_service.initial_metadata`);
+    /// re-read on reload. Absent: no token, for a picker reachable from its gateway only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
     /// Endpoints from a Kubernetes `InferencePool` instead of `backends` (which must then be
     /// empty): the ready pods its selector matches, at each of its target ports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference_pool: Option<InferencePoolConfig>,
+}
+
+impl Default for EppConfig {
+    fn default() -> Self {
+        Self {
+            shed_in_flight: 0,
+            max_connections: 1024,
+            idle_timeout_ms: 300_000,
+            in_flight_max_ms: 600_000,
+            token_file: None,
+            inference_pool: None,
+        }
+    }
 }
 
 /// Where the picker reads its `InferencePool` and the pods it selects.
@@ -595,6 +623,7 @@ impl ProxyConfig {
         self.validate_health()?;
         self.validate_backends()?;
         self.validate_inference_pool()?;
+        self.validate_epp_listener()?;
         self.capture.validate().map_err(ConfigError::Invalid)?;
         Ok(())
     }
@@ -719,6 +748,26 @@ impl ProxyConfig {
 }
 
 impl ProxyConfig {
+    fn validate_epp_listener(&self) -> Result<(), ConfigError> {
+        let e = &self.epp;
+        let bad = |msg: String| Err(ConfigError::Invalid(msg));
+        if e.max_connections == 0 || e.max_connections > 1_000_000 {
+            return bad(format!(
+                "epp.max_connections: must be 1 to 1000000, got {}",
+                e.max_connections
+            ));
+        }
+        for (field, value) in [
+            ("epp.idle_timeout_ms", e.idle_timeout_ms),
+            ("epp.in_flight_max_ms", e.in_flight_max_ms),
+        ] {
+            if value == 0 {
+                return bad(format!("{field}: must be > 0, got 0"));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_inference_pool(&self) -> Result<(), ConfigError> {
         let Some(p) = &self.epp.inference_pool else {
             return Ok(());

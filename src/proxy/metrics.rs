@@ -495,6 +495,20 @@ impl ProxyMetrics {
             .increment(1);
     }
 
+    /// Counts one thing the endpoint picker refused or cut short, by `reason`; registered
+    /// at its first occurrence, as these are rare.
+    pub(crate) fn epp_refused(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &key(
+                    "agentrace_epp_refusals_total",
+                    vec![Label::new("reason", reason)],
+                ),
+                &META,
+            )
+            .increment(1);
+    }
+
     /// Counts a request refused because request bodies held the whole budget.
     pub(crate) fn body_budget_refused(&self) {
         self.body_budget_refusals.increment(1);
@@ -771,6 +785,11 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_body_budget_refusals_total",
         "Requests refused with 503 because request bodies held request_body_budget_bytes.",
+        0,
+    );
+    d(
+        "agentrace_epp_refusals_total",
+        "What the endpoint picker refused or cut short, by reason (max_connections, idle_timeout, accept_error, malformed_message, unauthenticated, body_budget, in_flight_expired, served_not_offered).",
         0,
     );
     d(

@@ -448,6 +448,11 @@ impl Inner {
         self.max_request_body
     }
 
+    /// The budget every held request body counts against (`request_body_budget_bytes`).
+    pub(crate) fn body_budget(&self) -> &budget::BodyBudget {
+        &self.body_budget
+    }
+
     /// Swaps in the backend list and affinity/health/upstream settings of `config`; listener
     /// addresses, TLS and the admin token need a restart and are left as they are.
     fn reload(&self, config: ProxyConfig) -> Result<(), ProxyError> {
