@@ -50,6 +50,25 @@ struct State {
     paths: Vec<String>,
     /// Each request's `Authorization` value, in order.
     authorizations: Vec<Option<String>>,
+    /// How the API server misbehaves.
+    mode: Mode,
+    /// When each pod watch was opened.
+    pod_watch_opens: Vec<tokio::time::Instant>,
+    /// When each `410` for an expired continue token was sent.
+    continue_gones: Vec<tokio::time::Instant>,
+}
+
+/// Ways an API server answers at once with nothing new.
+#[derive(Clone, Copy, PartialEq, Default)]
+enum Mode {
+    #[default]
+    Normal,
+    /// Every watch ends as soon as it is opened, with no event.
+    WatchClosesAtOnce,
+    /// Every list page is empty and has a `continue` token.
+    EmptyPagesForever,
+    /// The first list page has the pods and a `continue` token, which has always expired.
+    ContinueAlwaysGone,
 }
 
 /// A real HTTP server playing the Kubernetes API for one pool and its pods.
@@ -98,6 +117,9 @@ impl FakeApi {
                 pod_lists: 0,
                 paths: Vec::new(),
                 authorizations: Vec::new(),
+                mode: Mode::Normal,
+                pod_watch_opens: Vec::new(),
+                continue_gones: Vec::new(),
             })),
         };
         let server = api.clone();
@@ -164,6 +186,12 @@ impl FakeApi {
         if path == format!("{pools}/{POOL}") {
             return json_reply(200, &s.pool);
         }
+        if watch && s.mode == Mode::WatchClosesAtOnce {
+            if path == pods {
+                s.pod_watch_opens.push(tokio::time::Instant::now());
+            }
+            return hyper::Response::new(Full::new(Bytes::new()).boxed());
+        }
         if path == pools && watch {
             let (tx, body) = stream_body();
             for (_, line) in s.pool_log.iter().filter(|(rv, _)| *rv > from) {
@@ -189,6 +217,27 @@ impl FakeApi {
                 return streaming(body);
             }
             s.pod_lists += 1;
+            let has_token = param("continue").is_some();
+            match s.mode {
+                Mode::EmptyPagesForever => {
+                    let page = json!({"kind": "PodList", "metadata": {"resourceVersion": "",
+                        "continue": format!("c{}", s.pod_lists)}, "items": []});
+                    return json_reply(200, &page);
+                }
+                Mode::ContinueAlwaysGone if has_token => {
+                    s.continue_gones.push(tokio::time::Instant::now());
+                    return json_reply(
+                        410,
+                        &json!({"kind": "Status", "code": 410, "message": "continue token expired"}),
+                    );
+                }
+                Mode::ContinueAlwaysGone => {
+                    let page = json!({"kind": "PodList", "metadata": {"resourceVersion": "",
+                        "continue": "next"}, "items": s.pods.values().cloned().collect::<Vec<_>>()});
+                    return json_reply(200, &page);
+                }
+                _ => {}
+            }
             let list = json!({"apiVersion": "v1", "kind": "PodList",
                 "metadata": {"resourceVersion": s.rv.to_string()},
                 "items": s.pods.values().cloned().collect::<Vec<_>>()});
@@ -249,6 +298,24 @@ impl FakeApi {
         let mut s = self.state.lock().unwrap();
         s.pod_watchers
             .retain(|tx| tx.send(Bytes::from(bytes.clone())).is_ok());
+    }
+
+    /// `n` BOOKMARK events on the open pod watches, at the current resource version.
+    fn bookmarks(&self, n: usize) {
+        let s = self.state.lock().unwrap();
+        let line = format!(
+            "{}\n",
+            json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                "metadata": {"resourceVersion": s.rv.to_string()}}})
+        );
+        let storm = line.repeat(n);
+        for tx in &s.pod_watchers {
+            let _ = tx.send(Bytes::from(storm.clone()));
+        }
+    }
+
+    fn set_mode(&self, mode: Mode) {
+        self.state.lock().unwrap().mode = mode;
     }
 
     fn set_ports(&self, ports: &[u16]) {
@@ -324,7 +391,7 @@ async fn picker_with(
         api_server: Some(api.url()),
         token_file,
         ca_file,
-        max_pods: 100,
+        max_pods: 1000,
         max_event_bytes,
     });
     fixture::start(config).await
@@ -570,5 +637,261 @@ async fn over_https_the_watch_trusts_the_ca_file_and_sends_the_token_files_token
         seen.iter().all(|a| a.as_deref() == Some("Bearer t0ken-1")),
         "every request carries the token file's token: {seen:?}"
     );
+    epp.stop().await;
+}
+
+/// The value of the exposition line `series` (name and labels exactly), if there is one.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// Waits (up to 20 s) until `series` on `/metrics` reaches `at_least`.
+async fn wait_metric(epp: &TestEpp, series: &str, at_least: f64) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = epp.metrics().await;
+        if metric(&text, series).is_some_and(|v| v >= at_least) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never reached {at_least}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long the `n`th of `times` came after the first, once there are `n`.
+async fn span_of(
+    api: &FakeApi,
+    n: usize,
+    times: fn(&State) -> &Vec<tokio::time::Instant>,
+) -> Duration {
+    wait_until_for(Duration::from_secs(20), &format!("{n} requests"), || {
+        times(&api.state.lock().unwrap()).len() >= n
+    })
+    .await;
+    let s = api.state.lock().unwrap();
+    let t = times(&s);
+    t[n - 1] - t[0]
+}
+
+async fn wait_until_for(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// Each backoff waits half to all of its step; the steps double from 200 ms, so the 2nd to
+// 5th attempts come at least 100 + 200 + 400 + 800 ms after the first.
+const FOUR_STEPS_AT_LEAST: Duration = Duration::from_millis(1_500);
+
+#[tokio::test]
+async fn a_watch_the_api_server_ends_at_once_is_reopened_after_growing_delays_and_counted() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.set_mode(Mode::WatchClosesAtOnce);
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    let span = span_of(&api, 5, |s| &s.pod_watch_opens).await;
+    assert!(
+        span >= FOUR_STEPS_AT_LEAST,
+        "5 pod watches in {span:?}: reopened without backing off"
+    );
+    wait_metric(
+        &epp,
+        "agentrace_epp_pool_backoffs_total{after=\"watch_ended_early\"}",
+        4.0,
+    )
+    .await;
+    assert_eq!(
+        api.pod_lists(),
+        1,
+        "an empty watch is reopened, not relisted"
+    );
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn empty_list_pages_with_a_continue_token_are_followed_after_growing_delays() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.set_mode(Mode::EmptyPagesForever);
+    let epp = picker(&api, 1024 * 1024).await;
+    let started = tokio::time::Instant::now();
+    wait_until_for(Duration::from_secs(20), "5 list pages", || {
+        api.pod_lists() >= 5
+    })
+    .await;
+    let span = started.elapsed();
+    assert!(
+        span >= FOUR_STEPS_AT_LEAST,
+        "5 empty pages in {span:?}: followed without backing off"
+    );
+    wait_metric(
+        &epp,
+        "agentrace_epp_pool_backoffs_total{after=\"empty_list_page\"}",
+        4.0,
+    )
+    .await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_list_whose_continue_token_always_expires_starts_over_after_growing_delays() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.set_mode(Mode::ContinueAlwaysGone);
+    let epp = picker(&api, 1024 * 1024).await;
+    let span = span_of(&api, 5, |s| &s.continue_gones).await;
+    assert!(
+        span >= FOUR_STEPS_AT_LEAST,
+        "5 expired continue tokens in {span:?}: listed again without backing off"
+    );
+    wait_metric(
+        &epp,
+        "agentrace_epp_pool_backoffs_total{after=\"continue_expired\"}",
+        4.0,
+    )
+    .await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_bookmark_or_an_unchanged_pod_publishes_no_endpoint_set_and_events_are_counted_by_type() {
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", true);
+    api.pod("m-1", "10.0.0.11", true);
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_endpoints(&epp, &["10.0.0.10:8000", "10.0.0.11:8000"]).await;
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+
+    api.bookmarks(2_000);
+    // A new resource version, the same readiness and IP.
+    api.pod("m-0", "10.0.0.10", true);
+    let text = wait_metric(
+        &epp,
+        "agentrace_epp_pool_watch_events_total{type=\"MODIFIED\"}",
+        1.0,
+    )
+    .await;
+    let bookmarks = "agentrace_epp_pool_watch_events_total{type=\"BOOKMARK\"}";
+    assert_eq!(metric(&text, bookmarks), Some(2_000.0), "{text}");
+    let sets = "agentrace_epp_pool_endpoint_sets_total";
+    assert_eq!(
+        metric(&text, sets),
+        Some(1.0),
+        "only the listed set: {text}"
+    );
+    assert_eq!(metric(&text, "agentrace_epp_pool_endpoints"), Some(2.0));
+    let age = metric(&text, "agentrace_epp_pool_last_success_age_seconds").unwrap();
+    assert!(age < 5.0, "the watch just delivered events: {age}");
+    let relists = "agentrace_epp_pool_relists_total{reason=\"expired\"}";
+    assert_eq!(metric(&text, relists), Some(0.0));
+
+    api.pod("m-1", "10.0.0.11", false);
+    wait_endpoints(&epp, &["10.0.0.10:8000"]).await;
+    let text = wait_metric(&epp, sets, 2.0).await;
+    assert_eq!(metric(&text, "agentrace_epp_pool_endpoints"), Some(1.0));
+
+    api.compact_and_expire("m-1");
+    wait_metric(&epp, relists, 1.0).await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn readiness_is_not_serving_until_a_ready_endpoint_is_known_and_again_when_none_is() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let api = FakeApi::start().await;
+    api.pod("m-0", "10.0.0.10", false);
+    let epp = picker(&api, 1024 * 1024).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", epp.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |service: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let request = tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            };
+            client.check(request).await.unwrap().into_inner().status
+        }
+    };
+    let wait_readiness = |want: ServingStatus| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = status("readiness").await;
+            if got == want as i32 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "readiness is {got}, expected {want:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    assert_eq!(
+        status("readiness").await,
+        ServingStatus::NotServing as i32,
+        "no endpoint known yet"
+    );
+    assert_eq!(status("liveness").await, ServingStatus::Serving as i32);
+    wait_until("the pod watch is open", || api.open_pod_watches() == 1).await;
+    assert_eq!(
+        status("readiness").await,
+        ServingStatus::NotServing as i32,
+        "the pool is listed and has no ready pod"
+    );
+
+    api.pod("m-0", "10.0.0.10", true);
+    wait_readiness(ServingStatus::Serving).await;
+    api.delete("m-0");
+    wait_endpoints(&epp, &[]).await;
+    wait_readiness(ServingStatus::NotServing).await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn past_admin_max_backend_series_endpoints_share_the_other_series_on_metrics() {
+    let api = FakeApi::start().await;
+    let pods = 300;
+    for i in 0..pods {
+        api.pod(
+            &format!("m-{i}"),
+            &format!("10.0.{}.{}", i / 200, i % 200 + 1),
+            true,
+        );
+    }
+    let epp = picker(&api, 1024 * 1024).await;
+    wait_until_for(Duration::from_secs(20), "300 endpoints", || {
+        epp.handle.endpoints().len() == pods
+    })
+    .await;
+    let text = epp.metrics().await;
+    let labels: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("agentrace_backend_healthy{"))
+        .filter_map(|l| l.split('"').nth(1))
+        .collect();
+    assert_eq!(
+        labels.len(),
+        256 + 1,
+        "256 endpoints with series of their own and _other: {labels:?}"
+    );
+    assert!(labels.contains("_other"));
+    let healthy: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("agentrace_backend_healthy{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(healthy, pods as f64, "_other sums its endpoints' gauges");
     epp.stop().await;
 }

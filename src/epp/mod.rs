@@ -10,10 +10,12 @@
 //! `pool_watch` over `kube` (a small Kubernetes API client). The admin port (metrics,
 //! sessions, drain) is the proxy's.
 
+mod backoff;
 pub(crate) mod cli;
 mod exchange;
 mod kube;
 mod listener;
+mod pool_metrics;
 mod pool_watch;
 mod reply;
 
@@ -347,14 +349,16 @@ impl Running {
 }
 
 impl Shared {
-    /// Applies the pool's new endpoint set as a reload would, without counting a reload.
-    fn apply_pods(&self, pods: Vec<BackendConfig>) {
+    /// Applies the pool's new endpoint set as a reload would, without counting a reload;
+    /// true when the pool has an endpoint to place on.
+    fn apply_pods(&self, pods: Vec<BackendConfig>) -> bool {
         let mut running = self.running.lock();
         let previous = std::mem::replace(&mut running.pods, pods);
         if let Err(e) = self.placement.apply_endpoints(running.effective()) {
             tracing::error!(error = %e, "InferencePool endpoints refused; keeping the previous ones");
             running.pods = previous;
         }
+        !running.pods.is_empty()
     }
 }
 
@@ -412,24 +416,36 @@ pub async fn start(
             pods: Vec::new(),
         }),
     });
+    let from_pool = target.is_some();
+    // Whether the pool has a ready endpoint, for the readiness service.
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let watcher = target.map(|target| {
         tracing::info!(pool = %target.config.name, namespace = %target.namespace, "endpoints from an InferencePool");
         let weak = Arc::downgrade(&shared);
+        let metrics = pool_metrics::WatchMetrics::new(shared.placement.inner.metrics());
         tokio::spawn(pool_watch::run(
             target,
             move |pods| {
                 if let Some(shared) = weak.upgrade() {
-                    shared.apply_pods(pods);
+                    ready_tx.send_replace(shared.apply_pods(pods));
                 }
             },
+            metrics,
             shutdown.clone(),
         ))
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
-        reporter
-            .set_service_status(service, tonic_health::ServingStatus::Serving)
-            .await;
+        // From a pool, not ready until its first ready endpoint is known.
+        let status = if from_pool && service == "readiness" {
+            tonic_health::ServingStatus::NotServing
+        } else {
+            tonic_health::ServingStatus::Serving
+        };
+        reporter.set_service_status(service, status).await;
+    }
+    if from_pool {
+        tokio::spawn(report_readiness(reporter, ready_rx, shutdown.clone()));
     }
     let service = ExternalProcessorServer::new(Service(picker));
     let incoming = listener::incoming(tcp, limits, placement_metrics(&shared), shutdown.clone());
@@ -451,6 +467,26 @@ pub async fn start(
         server,
         watcher,
     })
+}
+
+/// Keeps the `readiness` health service SERVING exactly while the pool has a ready endpoint.
+async fn report_readiness(
+    reporter: tonic_health::server::HealthReporter,
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    mut shutdown: Shutdown,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            changed = ready.changed() => if changed.is_err() { return },
+        }
+        let status = if *ready.borrow_and_update() {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        reporter.set_service_status("readiness", status).await;
+    }
 }
 
 impl EppHandle {

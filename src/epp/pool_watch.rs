@@ -4,9 +4,11 @@
 //! (`podIP:port` for each target port) while it has an IP, runs, is Ready and is not being
 //! deleted. Every change of the endpoint set is handed to `apply`.
 //!
-//! A watch that ends is reopened from the last resource version; `410 Gone` and a changed
-//! selector or port list start over from a list; any other error is logged with its cause and
-//! retried after a growing delay, the last endpoints staying in place meanwhile.
+//! A watch that ends is reopened from the last resource version (after a growing delay when
+//! it ended soon without news); `410 Gone` and a changed selector or port list start over from
+//! a list; any other error is logged with its cause and retried after a growing delay, the
+//! last endpoints staying in place meanwhile. Pods are kept by name, so an event costs what
+//! its pod costs; a new endpoint set is built only when the ready set changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -15,7 +17,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::kube::{encode, ApiClient, KubeError, StatusObject, WatchEvent, WATCH_SECONDS};
+use super::backoff::Backoff;
+use super::kube::{
+    encode, ApiClient, KubeError, StatusObject, WatchEvent, WatchStream, WATCH_SECONDS,
+};
+use super::pool_metrics::{BackoffCase, RelistReason, WatchMetrics};
 use crate::proxy::config::{api_server_url, BackendConfig, InferencePoolConfig};
 use crate::remote::ServerUrl;
 use crate::shutdown::Shutdown;
@@ -24,8 +30,13 @@ use crate::shutdown::Shutdown;
 const LIST_PAGE_PODS: usize = 100;
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A session that ran this long was healthy: the next retry starts from `BACKOFF_MIN`.
+/// A session or watch that ran this long was healthy: the next retry starts from `BACKOFF_MIN`.
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// Pod changes within this long are published as one endpoint set: a rollout of thousands of
+/// pods rebuilds the set a few times a second, not once per event.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
+/// Events handled before the watch yields to placement when they arrive faster than it reads.
+const YIELD_EVERY: u32 = 64;
 
 /// Why a watch session stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -296,41 +307,65 @@ fn endpoints(pods: &Pods, ports: &[u16]) -> Vec<BackendConfig> {
     list
 }
 
-/// A session ended without an error: start over from a list, for this reason.
-struct Relist(&'static str);
+/// A session ended without an error: start over from a list.
+enum Relist {
+    Expired,
+    PoolChanged,
+}
+
+impl Relist {
+    fn why(&self) -> &'static str {
+        match self {
+            Relist::Expired => "the resource version expired (410 Gone)",
+            Relist::PoolChanged => "the pool's selector or ports changed",
+        }
+    }
+}
 
 /// Follows the pool until `shutdown` fires, handing every new endpoint set to `apply`.
 pub(crate) async fn run(
     target: Target,
     apply: impl Fn(Vec<BackendConfig>) + Send,
+    metrics: WatchMetrics,
     mut shutdown: Shutdown,
 ) {
+    let m = &metrics;
     let mut last: Option<Vec<BackendConfig>> = None;
     let mut publish = |list: Vec<BackendConfig>| {
         if last.as_ref() != Some(&list) {
             tracing::info!(pool = %target.pool_name(), endpoints = list.len(), "InferencePool endpoints changed");
+            m.published(list.len());
             last = Some(list.clone());
             apply(list);
         }
     };
-    let mut delay = BACKOFF_MIN;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     loop {
         let started = Instant::now();
         let result = tokio::select! {
             _ = shutdown.wait() => return,
-            r = session(&target, &mut publish) => r,
+            r = session(&target, &mut publish, m) => r,
         };
         if started.elapsed() >= HEALTHY_AFTER {
-            delay = BACKOFF_MIN;
+            backoff.reset();
         }
+        let delay = backoff.next_delay();
+        m.backoff(BackoffCase::SessionEnded);
         match result {
             Err(WatchError::Kube(e)) if e.is_gone() => {
-                tracing::info!(pool = %target.pool_name(), reason = %e, "listing the pool's pods again")
+                m.relist(RelistReason::Expired);
+                tracing::info!(pool = %target.pool_name(), reason = %e, retry_in = ?delay, "listing the pool's pods again")
             }
-            Ok(Relist(why)) => {
-                tracing::info!(pool = %target.pool_name(), reason = why, "listing the pool's pods again")
+            Ok(relist) => {
+                m.relist(match relist {
+                    Relist::Expired => RelistReason::Expired,
+                    Relist::PoolChanged => RelistReason::PoolChanged,
+                });
+                tracing::info!(pool = %target.pool_name(), reason = relist.why(), retry_in = ?delay, "listing the pool's pods again")
             }
             Err(e) => {
+                m.error();
+                m.relist(RelistReason::Error);
                 tracing::warn!(pool = %target.pool_name(), error = %e, retry_in = ?delay, "InferencePool watch failed; keeping the last endpoints")
             }
         }
@@ -338,7 +373,6 @@ pub(crate) async fn run(
             _ = shutdown.wait() => return,
             _ = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(BACKOFF_MAX);
     }
 }
 
@@ -347,6 +381,7 @@ pub(crate) async fn run(
 async fn session(
     target: &Target,
     publish: &mut impl FnMut(Vec<BackendConfig>),
+    m: &WatchMetrics,
 ) -> Result<Relist, WatchError> {
     let c = &target.config;
     let client = ApiClient::new(
@@ -358,58 +393,170 @@ async fn session(
     let name = target.pool_name();
     let pool: InferencePool = client.get(&target.pool_path(), c.max_event_bytes).await?;
     let spec = PoolSpec::of(&pool, &name)?;
-    let mut pool_rv = pool.metadata.resource_version;
+    let pool_rv = pool.metadata.resource_version;
 
-    let (mut pods, mut pods_rv) = list_pods(&client, target, &spec.selector).await?;
+    let (pods, pods_rv) = list_pods(&client, target, &spec.selector, m).await?;
+    m.success();
     publish(endpoints(&pods, &spec.ports));
 
-    let pods_watch =
-        |rv: &str| format!("{}&{}", target.pods_path(&spec.selector), watch_params(rv));
-    let mut pool_stream = client.watch(&target.pool_watch_path(&pool_rv)).await?;
-    let mut pod_stream = client.watch(&pods_watch(&pods_rv)).await?;
+    let pool_watch = Follow::new(&client, m, pool_rv, |rv| target.pool_watch_path(rv));
+    let pods_path = target.pods_path(&spec.selector);
+    let pod_watch = Follow::new(&client, m, pods_rv, |rv| {
+        format!("{pods_path}&{}", watch_params(rv))
+    });
+    tokio::select! {
+        r = follow_pool(pool_watch, &spec, &name) => r,
+        r = follow_pods(pod_watch, pods, &spec, &name, c.max_pods, publish) => r,
+    }
+}
+
+/// The pool's watch: its spec must stay the one the pods were listed for.
+async fn follow_pool(
+    mut watch: Follow<'_, impl Fn(&str) -> String>,
+    spec: &PoolSpec,
+    name: &str,
+) -> Result<Relist, WatchError> {
     loop {
-        tokio::select! {
-            event = pool_stream.next() => match event? {
-                None => pool_stream = client.watch(&target.pool_watch_path(&pool_rv)).await?,
-                Some(event) => match event.kind.as_str() {
-                    "ADDED" | "MODIFIED" => {
-                        let pool: InferencePool = object(&event, "InferencePool")?;
-                        pool_rv = pool.metadata.resource_version.clone();
-                        if PoolSpec::of(&pool, &name)? != spec {
-                            return Ok(Relist("the pool's selector or ports changed"));
-                        }
-                    }
-                    "BOOKMARK" => pool_rv = object::<Bookmark>(&event, "bookmark")?.metadata.resource_version,
-                    "DELETED" => return Err(WatchError::Pool { pool: name, reason: "deleted".into() }),
-                    "ERROR" => return gone_or_error(&event, "InferencePool watch"),
-                    _ => {}
-                },
-            },
-            event = pod_stream.next() => match event? {
-                None => pod_stream = client.watch(&pods_watch(&pods_rv)).await?,
-                Some(event) => {
-                    match event.kind.as_str() {
-                        "ADDED" | "MODIFIED" => {
-                            let pod: Pod = object(&event, "pod")?;
-                            pods_rv = pod.metadata.resource_version.clone();
-                            if !pods.contains_key(&pod.metadata.name) && pods.len() >= c.max_pods {
-                                return Err(WatchError::TooManyPods { pool: name, max: c.max_pods });
-                            }
-                            let ip = pod.ready_ip();
-                            pods.insert(pod.metadata.name, ip);
-                        }
-                        "DELETED" => {
-                            let pod: Pod = object(&event, "pod")?;
-                            pods_rv = pod.metadata.resource_version;
-                            pods.remove(&pod.metadata.name);
-                        }
-                        "BOOKMARK" => pods_rv = object::<Bookmark>(&event, "bookmark")?.metadata.resource_version,
-                        "ERROR" => return gone_or_error(&event, "pod watch"),
-                        _ => {}
-                    }
-                    publish(endpoints(&pods, &spec.ports));
+        let event = watch.next().await?;
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let pool: InferencePool = object(&event, "InferencePool")?;
+                watch.rv = pool.metadata.resource_version.clone();
+                if PoolSpec::of(&pool, name)? != *spec {
+                    return Ok(Relist::PoolChanged);
                 }
-            },
+            }
+            "BOOKMARK" => {
+                watch.rv = object::<Bookmark>(&event, "bookmark")?
+                    .metadata
+                    .resource_version
+            }
+            "DELETED" => {
+                return Err(WatchError::Pool {
+                    pool: name.to_string(),
+                    reason: "deleted".into(),
+                })
+            }
+            "ERROR" => return gone_or_error(&event, "InferencePool watch"),
+            _ => {}
+        }
+    }
+}
+
+/// The pods' watch: each event updates its pod alone; a new endpoint set is built and
+/// published only when a pod's readiness or IP changed, at most every `PUBLISH_EVERY`.
+async fn follow_pods(
+    mut watch: Follow<'_, impl Fn(&str) -> String>,
+    mut pods: Pods,
+    spec: &PoolSpec,
+    name: &str,
+    max_pods: usize,
+    publish: &mut impl FnMut(Vec<BackendConfig>),
+) -> Result<Relist, WatchError> {
+    let mut changed = false;
+    let mut published_at = Instant::now();
+    let mut handled: u32 = 0;
+    loop {
+        let event = tokio::select! {
+            biased;
+            _ = tokio::time::sleep_until(published_at + PUBLISH_EVERY), if changed => {
+                publish(endpoints(&pods, &spec.ports));
+                (changed, published_at) = (false, Instant::now());
+                continue;
+            }
+            event = watch.next() => event?,
+        };
+        match event.kind.as_str() {
+            "ADDED" | "MODIFIED" => {
+                let pod: Pod = object(&event, "pod")?;
+                watch.rv = pod.metadata.resource_version.clone();
+                if !pods.contains_key(&pod.metadata.name) && pods.len() >= max_pods {
+                    return Err(WatchError::TooManyPods {
+                        pool: name.to_string(),
+                        max: max_pods,
+                    });
+                }
+                let ip = pod.ready_ip();
+                changed |= pods.insert(pod.metadata.name, ip).flatten() != ip;
+            }
+            "DELETED" => {
+                let pod: Pod = object(&event, "pod")?;
+                watch.rv = pod.metadata.resource_version;
+                changed |= pods.remove(&pod.metadata.name).flatten().is_some();
+            }
+            "BOOKMARK" => {
+                watch.rv = object::<Bookmark>(&event, "bookmark")?
+                    .metadata
+                    .resource_version
+            }
+            "ERROR" => return gone_or_error(&event, "pod watch"),
+            _ => {}
+        }
+        // Events already buffered never wait on the socket: let placement run between them.
+        handled = handled.wrapping_add(1);
+        if handled % YIELD_EVERY == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// One watch kept open: reopened from the last resource version when the API server ends it,
+/// at once after progress, after a growing delay when it ended soon with nothing new.
+struct Follow<'a, P> {
+    client: &'a ApiClient,
+    m: &'a WatchMetrics,
+    /// The path of a watch from a resource version.
+    path: P,
+    /// The resource version to go on from; the caller moves it with each event.
+    rv: String,
+    stream: Option<WatchStream>,
+    /// `rv` and the time when the stream opened.
+    opened: (String, Instant),
+    backoff: Backoff,
+    /// Not before this is the watch opened again.
+    reopen_at: Instant,
+}
+
+impl<'a, P: Fn(&str) -> String> Follow<'a, P> {
+    fn new(client: &'a ApiClient, m: &'a WatchMetrics, rv: String, path: P) -> Self {
+        Self {
+            client,
+            m,
+            path,
+            opened: (rv.clone(), Instant::now()),
+            rv,
+            stream: None,
+            backoff: Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
+            reopen_at: Instant::now(),
+        }
+    }
+
+    /// The next event. Cancel-safe: a cancelled open is retried, a cancelled delay resumed.
+    async fn next(&mut self) -> Result<WatchEvent, WatchError> {
+        loop {
+            let stream = match &mut self.stream {
+                Some(stream) => stream,
+                None => {
+                    tokio::time::sleep_until(self.reopen_at).await;
+                    let stream = self.client.watch(&(self.path)(&self.rv)).await?;
+                    self.opened = (self.rv.clone(), Instant::now());
+                    self.stream.insert(stream)
+                }
+            };
+            if let Some(event) = stream.next().await? {
+                self.m.event(&event.kind);
+                return Ok(event);
+            }
+            self.stream = None;
+            let (rv, at) = &self.opened;
+            if *rv != self.rv || at.elapsed() >= HEALTHY_AFTER {
+                self.backoff.reset();
+                continue;
+            }
+            let delay = self.backoff.next_delay();
+            self.m.backoff(BackoffCase::WatchEndedEarly);
+            tracing::info!(rv = %self.rv, retry_in = ?delay, "the API server ended a watch without a change; reopening it after a delay");
+            self.reopen_at = Instant::now() + delay;
         }
     }
 }
@@ -436,7 +583,7 @@ fn object<T: serde::de::DeserializeOwned>(event: &WatchEvent, what: &str) -> Res
 fn gone_or_error(event: &WatchEvent, what: &'static str) -> Result<Relist, WatchError> {
     let status: StatusObject = object(event, "Status")?;
     if status.code == 410 {
-        return Ok(Relist("the resource version expired (410 Gone)"));
+        return Ok(Relist::Expired);
     }
     Err(WatchError::Event {
         what,
@@ -445,14 +592,24 @@ fn gone_or_error(event: &WatchEvent, what: &'static str) -> Result<Relist, Watch
 }
 
 /// Lists the matching pods page by page; the resource version to watch from is the list's.
+/// An empty page that still has a `continue` token, or an expired token (the list starts
+/// over), is followed after a growing delay.
 async fn list_pods(
     client: &ApiClient,
     target: &Target,
     selector: &str,
+    m: &WatchMetrics,
 ) -> Result<(Pods, String), WatchError> {
     let c = &target.config;
     let mut pods = Pods::new();
     let mut token: Option<String> = None;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+    let mut wait = |case: BackoffCase| {
+        let delay = backoff.next_delay();
+        m.backoff(case);
+        tracing::info!(pool = %target.pool_name(), after = ?case, retry_in = ?delay, "listing the pool's pods: the API server gave nothing; asking again after a delay");
+        tokio::time::sleep(delay)
+    };
     // A page holds up to LIST_PAGE_PODS pods of at most max_event_bytes each.
     let page_limit = c.max_event_bytes.saturating_mul(LIST_PAGE_PODS);
     loop {
@@ -465,10 +622,12 @@ async fn list_pods(
             Err(e) if e.is_gone() && token.is_some() => {
                 pods.clear();
                 token = None;
+                wait(BackoffCase::ContinueExpired).await;
                 continue;
             }
             r => r?,
         };
+        let empty = page.items.is_empty();
         for pod in page.items {
             if pods.len() >= c.max_pods {
                 return Err(WatchError::TooManyPods {
@@ -480,7 +639,12 @@ async fn list_pods(
             pods.insert(pod.metadata.name, ip);
         }
         match page.metadata.continue_token.filter(|t| !t.is_empty()) {
-            Some(t) => token = Some(t),
+            Some(t) => {
+                if empty {
+                    wait(BackoffCase::EmptyListPage).await;
+                }
+                token = Some(t);
+            }
             None => return Ok((pods, page.metadata.resource_version)),
         }
     }

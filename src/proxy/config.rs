@@ -240,7 +240,15 @@ pub struct AdminConfig {
     /// itself can live in a ConfigMap. Read once when the proxy starts; surrounding
     /// whitespace is ignored.
     pub token_file: Option<PathBuf>,
+    /// Backends with series of their own on `/metrics`; the rest (an `InferencePool` of
+    /// thousands of pods) are counted together under `backend="_other"`, so a scrape stays
+    /// small and fast. Needs a restart.
+    pub max_backend_series: usize,
 }
+
+/// `admin.max_backend_series` by default: every backend of a hand-written config has its own
+/// series, and the exposition stays near 1 MB.
+pub const DEFAULT_MAX_BACKEND_SERIES: usize = 256;
 
 /// Upstream connection settings shared by every backend.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -434,6 +442,7 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
             token_file: None,
+            max_backend_series: DEFAULT_MAX_BACKEND_SERIES,
         }
     }
 }

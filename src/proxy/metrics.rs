@@ -4,7 +4,7 @@
 //! in [`sharded`] and folded into the exposition at each render.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -202,7 +202,17 @@ pub(crate) struct ProxyMetrics {
     pub cancelled_streams: Counter,
     /// HTTP/2 connections closed for cancelling too many streams.
     cancel_closes: Counter,
+    /// Backends past this many share the `backend="_other"` series (`admin.max_backend_series`).
+    max_backend_series: Arc<AtomicUsize>,
+    /// Run before each render, so series owned elsewhere (the pool watch's ages) are current.
+    render_hooks: Arc<Mutex<Vec<RenderHook>>>,
 }
+
+/// Refreshes gauges owned outside this module just before a render.
+type RenderHook = Box<dyn Fn() + Send + Sync>;
+
+/// The `backend` label every backend past `admin.max_backend_series` shares.
+pub(crate) const OTHER_BACKENDS: &str = "_other";
 
 /// The series of one backend that every request updates, counted per thread.
 struct BackendSeries {
@@ -384,7 +394,42 @@ impl ProxyMetrics {
             connections_refused: Arc::new(connections_refused),
             tls_handshake_waits,
             recorder: Arc::new(recorder),
+            max_backend_series: Arc::new(AtomicUsize::new(
+                super::config::DEFAULT_MAX_BACKEND_SERIES,
+            )),
+            render_hooks: Arc::default(),
         }
+    }
+
+    /// Backends beyond `max` (by order of arrival) are counted together under
+    /// `backend="_other"`, so the exposition stays a bounded size however many pods a pool has.
+    pub(crate) fn set_max_backend_series(&self, max: usize) {
+        self.max_backend_series.store(max, Ordering::Relaxed);
+    }
+
+    /// A counter of this recorder, described with `help`.
+    pub(crate) fn counter(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+        help: &'static str,
+    ) -> Counter {
+        self.recorder
+            .describe_counter(KeyName::from(name), None, SharedString::from(help));
+        let labels = labels.iter().map(|(k, v)| Label::new(*k, *v)).collect();
+        self.recorder.register_counter(&key(name, labels), &META)
+    }
+
+    /// A gauge of this recorder, described with `help`.
+    pub(crate) fn gauge(&self, name: &'static str, help: &'static str) -> Gauge {
+        self.recorder
+            .describe_gauge(KeyName::from(name), None, SharedString::from(help));
+        self.recorder.register_gauge(&key(name, vec![]), &META)
+    }
+
+    /// Runs `hook` before every render.
+    pub(crate) fn on_render(&self, hook: RenderHook) {
+        self.render_hooks.lock().push(hook);
     }
 
     /// Client connections open on forwarding worker `worker` (shows whether load spreads).
@@ -401,7 +446,7 @@ impl ProxyMetrics {
     /// Handles for a backend's series.
     pub(crate) fn backend(&self, name: &str) -> BackendMetrics {
         let r = &*self.recorder;
-        let name = SharedString::from(name.to_string());
+        let name = self.series_name(name);
         let l = || vec![Label::new("backend", name.clone())];
         let errors = ERROR_KINDS
             .iter()
@@ -449,6 +494,23 @@ impl ProxyMetrics {
         }
     }
 
+    /// The `backend` label of `name`: its own while fewer than `max_backend_series` backends
+    /// have one (or it has one already), else the shared [`OTHER_BACKENDS`].
+    fn series_name(&self, name: &str) -> SharedString {
+        let registry = self.backend_series.lock();
+        let own = registry
+            .live
+            .iter()
+            .filter(|s| &*s.name != OTHER_BACKENDS)
+            .count();
+        let has_own = registry.live.iter().any(|s| &*s.name == name);
+        if has_own || own < self.max_backend_series.load(Ordering::Relaxed) {
+            SharedString::from(name.to_string())
+        } else {
+            SharedString::const_str(OTHER_BACKENDS)
+        }
+    }
+
     /// Lets go of the series of backends no longer named in the configuration, their 200s
     /// handed to the exporter first. Requests still in flight to them count on in series no
     /// render shows.
@@ -457,7 +519,7 @@ impl ProxyMetrics {
         let mut registry = self.backend_series.lock();
         let BackendRegistry { live, retired_ok } = &mut *registry;
         live.retain(|s| {
-            if names.contains(&*s.name) {
+            if names.contains(&*s.name) || &*s.name == OTHER_BACKENDS {
                 return true;
             }
             let ok = s.export_ok(&self.recorder);
@@ -577,17 +639,34 @@ impl ProxyMetrics {
     ) -> String {
         // Takes sessions past their active window out first, so the active context is current.
         sessions.sweep();
+        for hook in self.render_hooks.lock().iter() {
+            hook();
+        }
+        // Backends sharing `_other` share its gauges: each shows the sum over them.
+        let mut sums: HashMap<*const BackendSeries, (&BackendMetrics, [f64; 5])> = HashMap::new();
         for b in &pool.backends {
             let m = &b.metrics;
-            m.in_flight.set(b.in_flight.load(Ordering::Relaxed) as f64);
-            m.healthy
-                .set(f64::from(u8::from(b.healthy.load(Ordering::Relaxed))));
-            m.draining
-                .set(f64::from(u8::from(b.draining.load(Ordering::Relaxed))));
-            m.sessions
-                .set(b.sessions.load(Ordering::Relaxed).max(0) as f64);
-            m.active_context
-                .set(b.active_bytes.load(Ordering::Relaxed).max(0) as f64);
+            let values = [
+                b.in_flight.load(Ordering::Relaxed) as f64,
+                f64::from(u8::from(b.healthy.load(Ordering::Relaxed))),
+                f64::from(u8::from(b.draining.load(Ordering::Relaxed))),
+                b.sessions.load(Ordering::Relaxed).max(0) as f64,
+                b.active_bytes.load(Ordering::Relaxed).max(0) as f64,
+            ];
+            let sum = &mut sums
+                .entry(Arc::as_ptr(&m.series))
+                .or_insert((m, [0.0; 5]))
+                .1;
+            for (s, v) in sum.iter_mut().zip(values) {
+                *s += v;
+            }
+        }
+        for (m, [in_flight, healthy, draining, sessions, active]) in sums.into_values() {
+            m.in_flight.set(in_flight);
+            m.healthy.set(healthy);
+            m.draining.set(draining);
+            m.sessions.set(sessions);
+            m.active_context.set(active);
         }
         self.bound_sessions.set(sessions.bound() as f64);
         self.sessions.set(sessions.len() as f64);

@@ -285,6 +285,7 @@ fn new_inner(
     recorder: Option<Recorder>,
 ) -> Arc<Inner> {
     let metrics = ProxyMetrics::new();
+    metrics.set_max_backend_series(config.admin.max_backend_series);
     let pool = build_pool(&config, &metrics, None);
     let router = Router::new(
         pool,
