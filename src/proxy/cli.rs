@@ -47,10 +47,11 @@ fn parse_policy(s: &str) -> Policy {
     }
 }
 
-/// The effective configuration: the file (or defaults) with the flags on top, validated.
+/// The effective configuration: the file (or defaults) with the flags on top, validated
+/// once the flags are applied, so a flag can supply what the file leaves out.
 pub(crate) fn effective_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
     let mut config = match &args.config {
-        Some(path) => ProxyConfig::load(path)?,
+        Some(path) => ProxyConfig::read(path)?,
         None => ProxyConfig::default(),
     };
     if let Some(listen) = args.listen {

@@ -499,14 +499,20 @@ impl Default for HealthConfig {
 impl ProxyConfig {
     /// Reads, parses and validates a config file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
+        let config = Self::read(path.as_ref())?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads and parses a config file without validating it: for a caller that lays
+    /// command-line flags over it first, since a flag may supply what the file leaves out
+    /// (`--backend` for a file without `[[backends]]`).
+    pub(crate) fn read(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        let config = Self::parse(&text, &path.display().to_string())?;
-        config.validate()?;
-        Ok(config)
+        Self::parse(&text, &path.display().to_string())
     }
 
     /// Parses and validates TOML text.
