@@ -285,6 +285,77 @@ async fn conversations_without_a_system_prompt_are_flagged_for_an_unsalted_repla
     assert!(err.contains("--salt false"), "{err}");
 }
 
+// The export's memory budget is one for the whole export, not one per replica: each
+// replica's reader keeps the last request of every session it saw (the base of the next
+// delta), so a fleet where every replica sees every session held replicas x sessions x body
+// outside the budget. With 1 and then 5 replicas and a budget far below that, the export's own
+// accounting of what it held (turns, rows, bases) stays within the budget, bases went to the
+// spill file, and the dataset is the one an export with room for everything writes, every
+// recorded turn in it.
+#[tokio::test]
+async fn export_memory_stays_within_one_budget_whatever_the_replica_count() {
+    let (sessions, turns) = (40, 5);
+    let bodies: Vec<Vec<Vec<u8>>> = (0..sessions)
+        .map(|s| agent_bodies(&format!("s{s}"), turns))
+        .collect();
+    let budget = 64 << 10;
+    let base_bytes: usize = bodies.iter().map(|b| b[turns - 2].len()).sum();
+    assert!(
+        base_bytes > budget,
+        "{base_bytes}: the bases of one replica overflow it"
+    );
+    for replicas in [1, 5] {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<std::path::PathBuf> = (0..replicas)
+            .map(|i| root.path().join(format!("pod-{i}")))
+            .collect();
+        let recorders: Vec<Recorder> = dirs
+            .iter()
+            .map(|d| Recorder::start(&config(d)).unwrap())
+            .collect();
+        let t0: u128 = 1_790_000_000_000_000_000;
+        for t in 0..turns {
+            for (s, session) in bodies.iter().enumerate() {
+                let mut ex =
+                    FakeExchange::chat(Some(&format!("session-{s:02}")), session[t].clone(), "ok");
+                ex.start_unix_ns = Some(t0 + (t as u128 * 100 + s as u128) * 1_000_000);
+                drive(recorders[(s + t) % replicas].sink.as_ref(), &ex);
+            }
+        }
+        for r in recorders {
+            r.finish().await;
+        }
+        let roomy = root.path().join("roomy.jsonl");
+        let whole = export::export_dirs(&dirs, &roomy, &ExportOptions::default()).unwrap();
+        assert_eq!(whole.bases_spilled, 0, "{whole:?}");
+        let out = root.path().join("bounded.jsonl");
+        let opts = ExportOptions {
+            sort_buffer_bytes: budget,
+            ..ExportOptions::default()
+        };
+        let report = export::export_dirs(&dirs, &out, &opts).unwrap();
+        assert_eq!(report.buffer_bytes, budget);
+        assert!(
+            report.peak_buffered_bytes <= budget,
+            "{replicas} replicas: held {} bytes, budget {budget}: {report:?}",
+            report.peak_buffered_bytes
+        );
+        assert!(report.bases_spilled > 0, "{report:?}");
+        assert_eq!(
+            (report.conversations, report.client_turns, report.exchanges),
+            (sessions, sessions * turns, sessions * turns),
+            "{replicas} replicas: every recorded turn is exported"
+        );
+        assert_eq!(read_rows(&out), read_rows(&roomy), "{replicas} replicas");
+        let left: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "spill files removed: {left:?}");
+    }
+}
+
 // An export holds one session at a time, not the capture: with a sort buffer far smaller than
 // the capture, three replicas' turns of 30 interleaved sessions go through spill files and
 // come back one session at a time (one conversation held at once), and the dataset is the

@@ -14,8 +14,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::spill::{BaseSpill, Kept};
+use super::CaptureError;
+
 struct Base {
-    body: Bytes,
+    body: Kept,
+    /// The body's length, wherever it is kept.
+    len: u64,
     /// When the base was last set, in exchanges of this segment: its place in `order`.
     set_at: u64,
 }
@@ -29,60 +34,119 @@ pub(crate) struct DeltaBases {
     order: BTreeMap<u64, Arc<str>>,
     bytes: u64,
     sets: u64,
+    /// Where bodies go beyond the memory an export gives them (readers of an export only).
+    spill: Option<BaseSpill>,
 }
 
 impl DeltaBases {
     /// Empty bases that stay within `bound` bytes (keys and bodies), or grow without one.
     pub(super) fn new(bound: Option<u64>) -> Self {
+        Self::with_spill(bound, None)
+    }
+
+    /// As [`DeltaBases::new`], keeping the bodies through `spill` when there is one: the bound
+    /// (the writer's rule) decides which bases exist, the spill where their bodies are.
+    pub(super) fn with_spill(bound: Option<u64>, spill: Option<BaseSpill>) -> Self {
         DeltaBases {
             bound,
             bases: HashMap::new(),
             order: BTreeMap::new(),
             bytes: 0,
             sets: 0,
+            spill,
         }
     }
 
-    /// The base of `session`'s next delta; `None` when there is none or it is empty.
+    /// The base of `session`'s next delta; `None` when there is none or it is empty. Bases
+    /// without a spill only (the writer's): a spilled body is read with [`DeltaBases::fetch`].
     pub(super) fn get(&self, session: &str) -> Option<&Bytes> {
-        self.bases
-            .get(session)
-            .map(|b| &b.body)
-            .filter(|b| !b.is_empty())
+        match &self.bases.get(session)?.body {
+            Kept::Memory(b) if !b.is_empty() => Some(b),
+            _ => None,
+        }
+    }
+
+    /// The base of `session`'s next delta, read back from the spill file when it went there;
+    /// `None` when there is none or it is empty.
+    pub(super) fn fetch(&self, session: &str) -> Result<Option<Bytes>, CaptureError> {
+        let Some(base) = self.bases.get(session).filter(|b| b.len > 0) else {
+            return Ok(None);
+        };
+        match (&base.body, &self.spill) {
+            (Kept::Memory(b), _) => Ok(Some(b.clone())),
+            (Kept::Slot(slot), Some(spill)) => spill.read(*slot).map(Some),
+            (Kept::Slot(_), None) => unreachable!("only a spill makes slots"),
+        }
     }
 
     /// Makes `body` the base of `session`'s next request, then forgets the least recently
-    /// set bases while above the bound.
+    /// set bases while above the bound. Bases without a spill only (they do no I/O).
     pub(super) fn set(&mut self, session: &str, body: Bytes) {
+        debug_assert!(self.spill.is_none(), "spilled bases are set with try_set");
+        if let Err(e) = self.try_set(session, body) {
+            unreachable!("bases kept in memory do no I/O: {e}");
+        }
+    }
+
+    /// As [`DeltaBases::set`]; fails when the body cannot be written to the spill file.
+    pub(super) fn try_set(&mut self, session: &str, body: Bytes) -> Result<(), CaptureError> {
         self.sets += 1;
         let set_at = self.sets;
-        self.bytes += body.len() as u64;
+        let len = body.len() as u64;
+        // The body it replaces goes first, so that the new one may take its memory.
         if let Some(old) = self.bases.get_mut(session) {
-            self.bytes -= old.body.len() as u64;
+            let replaced = std::mem::replace(&mut old.body, Kept::Memory(Bytes::new()));
+            if let Some(spill) = &self.spill {
+                spill.release(&replaced);
+            }
+        }
+        let body = match &self.spill {
+            Some(spill) if len > 0 => spill.keep(body)?,
+            _ => Kept::Memory(body),
+        };
+        self.bytes += len;
+        if let Some(old) = self.bases.get_mut(session) {
+            self.bytes -= old.len;
             let key = self
                 .order
                 .remove(&old.set_at)
                 .expect("every base is in order");
             old.body = body;
+            old.len = len;
             old.set_at = set_at;
             self.order.insert(set_at, key);
         } else {
             // The key is held too, and a client may make it as long as a header (64 KiB).
             let key: Arc<str> = Arc::from(session);
             self.bytes += key.len() as u64;
+            if let Some(spill) = &self.spill {
+                spill.hold(key.len() as u64);
+            }
             self.order.insert(set_at, key.clone());
-            self.bases.insert(key, Base { body, set_at });
+            self.bases.insert(key, Base { body, len, set_at });
         }
         let Some(bound) = self.bound else {
-            return;
+            return Ok(());
         };
         while self.bytes > bound && self.bases.len() > 1 {
             let Some((_, key)) = self.order.pop_first() else {
                 break;
             };
             if let Some(base) = self.bases.remove(&key) {
-                self.bytes -= (key.len() + base.body.len()) as u64;
+                self.bytes -= key.len() as u64 + base.len;
+                self.release(&base.body);
+                if let Some(spill) = &self.spill {
+                    spill.unhold(key.len() as u64);
+                }
             }
+        }
+        Ok(())
+    }
+
+    /// Hands a body that is no longer a base back to the spill's accounting.
+    fn release(&self, body: &Kept) {
+        if let Some(spill) = &self.spill {
+            spill.release(body);
         }
     }
 
@@ -95,6 +159,19 @@ impl DeltaBases {
     #[cfg(test)]
     pub(super) fn contains(&self, session: &str) -> bool {
         self.bases.contains_key(session)
+    }
+}
+
+impl Drop for DeltaBases {
+    /// A segment read to its end lets go of its bases' share of the export's memory.
+    fn drop(&mut self) {
+        let Some(spill) = self.spill.take() else {
+            return;
+        };
+        for (key, base) in self.bases.drain() {
+            spill.release(&base.body);
+            spill.unhold(key.len() as u64);
+        }
     }
 }
 

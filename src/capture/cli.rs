@@ -373,7 +373,7 @@ fn cat(paths: &[PathBuf], session: Option<&str>, out: &mut impl Write) -> anyhow
     let dirs = merge::capture_dirs(paths)?;
     let mut printed = 0u64;
     let write_err = |e: std::io::Error| super::CaptureError::io(Path::new("<stdout>"), e);
-    let cuts = merge::for_each_exchange(&dirs, |e| {
+    let cuts = merge::for_each_exchange(&dirs, None, |e| {
         if session.is_none() || e.record.session.as_deref() == session {
             printed += 1;
             let line = format::Line::Exchange(Box::new(e.expanded()));

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use super::reader::{Cut, Exchange};
-use super::spill::{Group, RowStore, Sorter, Spilled};
+use super::spill::{BaseSpill, Group, RowStore, Sorter, Spilled};
 use super::CaptureError;
 
 /// Which exchanges to export and how.
@@ -29,8 +29,10 @@ pub struct ExportOptions {
     /// How far apart the replicas' clocks may be (ms): a turn is held this long past its
     /// start for an earlier turn of its session that another replica stamped later.
     pub max_skew_ms: u64,
-    /// Bytes of turns (and, separately, of rows) held in memory before they are spilled to
-    /// files beside the output.
+    /// Bytes the export holds in memory for the whole capture, however many replicas it
+    /// reads: half for turns being sorted, a quarter for rows waiting to be written, a
+    /// quarter for the replicas' delta bases; beyond its share each goes to files beside
+    /// the output.
     pub sort_buffer_bytes: usize,
 }
 
@@ -78,6 +80,14 @@ pub struct ExportReport {
     pub turns_ordered_by_history: u64,
     /// Sorted runs of turns written to spill files (0: everything fitted in the buffer).
     pub spill_runs: usize,
+    /// The memory budget the export kept to (`sort_buffer_bytes`).
+    pub buffer_bytes: usize,
+    /// Most bytes held in the export's buffers: the peaks of the turns being sorted, the
+    /// rows waiting and the replicas' delta bases (session keys and bodies), added up.
+    pub peak_buffered_bytes: usize,
+    /// Delta bases (a session's last request in a segment) kept in a spill file because
+    /// their share of the budget was full.
+    pub bases_spilled: u64,
     /// Most conversations whose rows were held at once: those of one session.
     pub peak_conversations_held: usize,
     /// Segments that end early.
@@ -108,18 +118,21 @@ pub fn export_dirs(
         ));
     }
     let dirs = super::merge::capture_dirs(paths)?;
+    let budget = Budget::split(opts.sort_buffer_bytes);
     let mut builder = Builder::new(opts.clone());
-    let mut sorter = Sorter::new(out, opts.sort_buffer_bytes);
+    let mut sorter = Sorter::new(out, budget.turns);
+    let bases = BaseSpill::new(out, budget.bases as u64);
     let mut seq = 0u64;
-    let cuts = super::merge::for_each_exchange(&dirs, |e| {
+    let cuts = super::merge::for_each_exchange(&dirs, Some(&bases), |e| {
         seq += 1;
         match builder.admit(e, seq) {
             Some(turn) => sorter.push(turn),
             None => Ok(()),
         }
     })?;
+    let turns_peak = sorter.peak();
     let mut sorted = sorter.finish()?;
-    let mut rows = RowStore::new(out, opts.sort_buffer_bytes);
+    let mut rows = RowStore::new(out, budget.rows);
     let mut window = super::turns::Window::new(opts.max_skew_ms.saturating_mul(1_000_000));
     let mut group: Option<Group> = None;
     while let Some(spilled) = sorted.next_turn()? {
@@ -138,12 +151,37 @@ pub fn export_dirs(
     let mut report = builder.report;
     report.spill_runs = sorted.runs();
     drop(sorted);
+    report.buffer_bytes = opts.sort_buffer_bytes;
+    report.peak_buffered_bytes = turns_peak + rows.peak() + bases.peak() as usize;
+    report.bases_spilled = bases.spilled();
+    drop(bases);
     report.cuts = cuts;
     report.directories = dirs.len();
     report.turns_ordered_by_history = window.ordered_by_history;
     report.out = out.to_path_buf();
     write_out(out, |w| rows.write_ordered(w, out))?;
     Ok(report)
+}
+
+/// The export's memory budget in its three shares. Turns get the most: a larger share means
+/// fewer, longer runs to merge. Rows and bases fit in a quarter each for most captures, and
+/// past it cost only file reads.
+struct Budget {
+    turns: usize,
+    rows: usize,
+    bases: usize,
+}
+
+impl Budget {
+    fn split(total: usize) -> Budget {
+        let turns = total / 2;
+        let rows = total / 4;
+        Budget {
+            turns,
+            rows,
+            bases: total - turns - rows,
+        }
+    }
 }
 
 /// Writes `out` (zstd-compressed when it ends in `.zst`) through a temporary file renamed

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::format;
 use super::reader::{self, Capture, Cut, Entry, Exchange, SegmentReader};
+use super::spill::BaseSpill;
 use super::CaptureError;
 
 /// The paths as one text, for messages.
@@ -98,6 +99,7 @@ pub(crate) fn for_each(
 struct Stream {
     segments: VecDeque<PathBuf>,
     reader: Option<SegmentReader>,
+    spill: Option<BaseSpill>,
 }
 
 impl Stream {
@@ -109,11 +111,20 @@ impl Stream {
                         return Ok(Some(*e));
                     }
                 }
+                if let Some(e) = r.take_failure() {
+                    return Err(e);
+                }
                 cuts.extend(r.cut().cloned());
                 self.reader = None;
             }
             match self.segments.pop_front() {
-                Some(path) => self.reader = Some(SegmentReader::open(&path)?),
+                Some(path) => {
+                    let r = SegmentReader::open(&path)?;
+                    self.reader = Some(match &self.spill {
+                        Some(spill) => r.spilling_bases(spill.clone()),
+                        None => r,
+                    });
+                }
                 None => return Ok(None),
             }
         }
@@ -122,9 +133,11 @@ impl Stream {
 
 /// Calls `f` for every exchange of `dirs` in end-time order across replicas (each recorder
 /// writes its exchanges as they end, so each stream is already in that order); returns the
-/// cuts. Holds one exchange per stream at a time.
+/// cuts. Holds one exchange per stream at a time, and each open segment's delta bases: all
+/// of them in memory, or through `spill` within one budget for every stream.
 pub(crate) fn for_each_exchange(
     dirs: &[PathBuf],
+    spill: Option<&BaseSpill>,
     mut f: impl FnMut(Exchange) -> Result<(), CaptureError>,
 ) -> Result<Vec<Cut>, CaptureError> {
     let mut cuts = Vec::new();
@@ -133,6 +146,7 @@ pub(crate) fn for_each_exchange(
         .map(|segments| Stream {
             segments,
             reader: None,
+            spill: spill.cloned(),
         })
         .collect();
     let mut heads: Vec<Option<Exchange>> = Vec::with_capacity(streams.len());

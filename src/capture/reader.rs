@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::bases::DeltaBases;
 use super::format::{self, DroppedRecord, ExchangeRecord, Line, SegmentHeader, StoredBody};
+use super::spill::BaseSpill;
 use super::CaptureError;
 
 /// One exchange with its bodies rebuilt.
@@ -127,10 +128,32 @@ pub struct SegmentReader {
     path: PathBuf,
     lines: BufReader<zstd::stream::read::Decoder<'static, BufReader<File>>>,
     bases: DeltaBases,
+    /// Where an export keeps the bases beyond its memory budget.
+    spill: Option<BaseSpill>,
     records: u64,
     buf: Vec<u8>,
     cut: Option<Cut>,
+    /// A failure of the spill file: not the segment's fault, so not a cut; it ends the read.
+    failed: Option<CaptureError>,
     done: bool,
+}
+
+/// Why a line could not be decoded: the segment's content (a cut), or the spill file.
+enum DecodeError {
+    Segment(String),
+    Spill(CaptureError),
+}
+
+impl From<String> for DecodeError {
+    fn from(e: String) -> Self {
+        DecodeError::Segment(e)
+    }
+}
+
+impl From<&str> for DecodeError {
+    fn from(e: &str) -> Self {
+        DecodeError::Segment(e.to_owned())
+    }
 }
 
 impl SegmentReader {
@@ -143,11 +166,26 @@ impl SegmentReader {
             path: path.to_path_buf(),
             lines: BufReader::with_capacity(256 * 1024, decoder),
             bases: DeltaBases::new(None),
+            spill: None,
             records: 0,
             buf: Vec::new(),
             cut: None,
+            failed: None,
             done: false,
         })
+    }
+
+    /// Keeps the delta bases through `spill`: in memory within the export's budget for
+    /// them, beyond it in the spill's file.
+    pub(crate) fn spilling_bases(mut self, spill: BaseSpill) -> SegmentReader {
+        self.bases = DeltaBases::with_spill(None, Some(spill.clone()));
+        self.spill = Some(spill);
+        self
+    }
+
+    /// The spill file's failure that ended the read early, if one did.
+    pub(crate) fn take_failure(&mut self) -> Option<CaptureError> {
+        self.failed.take()
     }
 
     /// Bytes held to rebuild the deltas still to come (session keys plus previous request
@@ -171,7 +209,7 @@ impl SegmentReader {
         None
     }
 
-    fn decode(&mut self, line: Line) -> Result<Entry, String> {
+    fn decode(&mut self, line: Line) -> Result<Entry, DecodeError> {
         match line {
             Line::Segment(h) => {
                 if self.records != 0 {
@@ -182,9 +220,10 @@ impl SegmentReader {
                         "format {:?} is not the supported {:?}",
                         h.format,
                         format::FORMAT
-                    ));
+                    )
+                    .into());
                 }
-                self.bases = DeltaBases::new(h.delta_bases_bytes);
+                self.bases = DeltaBases::with_spill(h.delta_bases_bytes, self.spill.clone());
                 Ok(Entry::Segment(h))
             }
             _ if self.records == 0 => Err("the segment does not start with its header".into()),
@@ -204,12 +243,14 @@ impl SegmentReader {
         }
     }
 
-    fn rebuild_request(&mut self, record: &ExchangeRecord) -> Result<Option<Vec<u8>>, String> {
+    fn rebuild_request(&mut self, record: &ExchangeRecord) -> Result<Option<Vec<u8>>, DecodeError> {
         let stored = &record.request.body;
         if !has_bytes(stored) {
             // The writer kept an empty base for it: so does the reader, to forget the same.
             if let Some(key) = &record.session {
-                self.bases.set(key, Bytes::new());
+                self.bases
+                    .try_set(key, Bytes::new())
+                    .map_err(DecodeError::Spill)?;
             }
             return Ok(None);
         }
@@ -217,12 +258,12 @@ impl SegmentReader {
         let body = match &stored.base {
             None => middle,
             Some(base) => {
-                let prev = record
-                    .session
-                    .as_ref()
-                    .and_then(|k| self.bases.get(k))
-                    .ok_or("delta without a previous request of its session")?;
-                format::patch(prev, base, &middle)?
+                let prev = match &record.session {
+                    Some(k) => self.bases.fetch(k).map_err(DecodeError::Spill)?,
+                    None => None,
+                }
+                .ok_or("delta without a previous request of its session")?;
+                format::patch(&prev, base, &middle)?
             }
         };
         if body.len() as u64 != stored.len {
@@ -230,10 +271,13 @@ impl SegmentReader {
                 "request body rebuilt to {} bytes, the record says {}",
                 body.len(),
                 stored.len
-            ));
+            )
+            .into());
         }
         if let Some(key) = &record.session {
-            self.bases.set(key, Bytes::from(body.clone()));
+            self.bases
+                .try_set(key, Bytes::from(body.clone()))
+                .map_err(DecodeError::Spill)?;
         }
         Ok(Some(body))
     }
@@ -271,7 +315,14 @@ impl Iterator for SegmentReader {
                         self.records += 1;
                         Some(entry)
                     }
-                    Err(e) => self.stop(format!("record {}: {e}", self.records + 1)),
+                    Err(DecodeError::Segment(e)) => {
+                        self.stop(format!("record {}: {e}", self.records + 1))
+                    }
+                    Err(DecodeError::Spill(e)) => {
+                        self.done = true;
+                        self.failed = Some(e);
+                        None
+                    }
                 }
             }
             Err(e) => self.stop(format!(

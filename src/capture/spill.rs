@@ -1,13 +1,18 @@
-//! The spill files of an export, so that its memory is bounded by a buffer plus one session,
-//! not by the capture: turns are sorted by session in runs of at most the buffer's size
-//! (spilled next to the output), then merged back one session at a time; the rows built from
-//! them are kept (in memory up to the buffer, then on disk) until they are written in the
-//! order their conversations first appeared.
+//! The spill files of an export, so that its memory is bounded by one budget plus one
+//! session, not by the capture or the number of replicas: turns are sorted by session in runs
+//! of at most their share of the budget (spilled next to the output), then merged back one
+//! session at a time; the rows built from them are kept (in memory up to their share, then
+//! on disk) until they are written in the order their conversations first appeared; and the
+//! delta bases every replica's reader keeps (each session's last request, 10s of KiB per
+//! session) stay in memory up to their share, beyond it in a file.
 
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
 
 use super::CaptureError;
 
@@ -150,6 +155,8 @@ pub(crate) struct Sorter {
     dir: SpillDir,
     budget: usize,
     held: usize,
+    /// Most bytes held at once, for the export's report.
+    peak: usize,
     buf: Vec<Spilled>,
     runs: Vec<PathBuf>,
 }
@@ -161,19 +168,32 @@ impl Sorter {
             dir: SpillDir::new(out, "turns"),
             budget,
             held: 0,
+            peak: 0,
             buf: Vec::new(),
             runs: Vec::new(),
         }
     }
 
-    /// Takes one turn; past the budget, the buffer goes to disk as a sorted run.
+    /// Takes one turn; when it would take the buffer past the budget, the buffer goes to disk
+    /// as a sorted run first (and a turn larger than the whole budget goes as a run of its
+    /// own), so the buffer never holds more than the budget.
     pub(super) fn push(&mut self, turn: Spilled) -> Result<(), CaptureError> {
-        self.held += turn.size();
+        let size = turn.size();
+        if self.held + size > self.budget && !self.buf.is_empty() {
+            self.spill()?;
+        }
+        self.held += size;
         self.buf.push(turn);
         if self.held > self.budget {
             self.spill()?;
         }
+        self.peak = self.peak.max(self.held);
         Ok(())
+    }
+
+    /// Most bytes of turns held at once.
+    pub(super) fn peak(&self) -> usize {
+        self.peak
     }
 
     fn spill(&mut self) -> Result<(), CaptureError> {
@@ -291,6 +311,8 @@ pub(crate) struct RowStore {
     len: u64,
     /// `(first start, conversation number, offset, length)` per conversation.
     index: Vec<(u64, u64, u64, u64)>,
+    /// Most bytes of rows held in memory at once, for the export's report.
+    peak: usize,
 }
 
 impl RowStore {
@@ -303,7 +325,13 @@ impl RowStore {
             file: None,
             len: 0,
             index: Vec::new(),
+            peak: 0,
         }
+    }
+
+    /// Most bytes of rows held in memory at once.
+    pub(super) fn peak(&self) -> usize {
+        self.peak
     }
 
     /// Keeps one conversation's rows (JSON lines), which started at `first_start_unix_ns`.
@@ -328,6 +356,7 @@ impl RowStore {
             Some((path, w)) => w.write_all(rows).map_err(|e| CaptureError::io(path, e)),
             None => {
                 self.mem.extend_from_slice(rows);
+                self.peak = self.peak.max(self.mem.len());
                 Ok(())
             }
         }
@@ -358,6 +387,202 @@ impl RowStore {
             file.read_exact(&mut buf).map_err(io)?;
             w.write_all(&buf).map_err(|e| CaptureError::io(out, e))?;
         }
+        Ok(())
+    }
+}
+
+/// Where a delta base is kept: in memory, or in the export's base file (a slot of it).
+#[derive(Debug, Clone)]
+pub(crate) enum Kept {
+    Memory(Bytes),
+    Slot(usize),
+}
+
+/// The delta bases of every replica's reader, kept in memory up to one budget for them all
+/// and beyond it in a file beside the output: a fleet's readers each keep the last request of
+/// every session of their segment (up to the recorder's own bound, 256 MiB by default), so
+/// without this an export of R replicas would hold R times that, growing with the sessions.
+/// Shared by the readers of one export (one thread; the lock is never contended).
+#[derive(Clone)]
+pub(crate) struct BaseSpill(Arc<Mutex<BaseFile>>);
+
+struct BaseFile {
+    dir: SpillDir,
+    file: Option<(PathBuf, File)>,
+    /// Files made so far, for the name of the next one (compaction makes a new file).
+    files: u64,
+    budget: u64,
+    held: u64,
+    peak: u64,
+    /// Bases written to the file.
+    spilled: u64,
+    /// `(offset, length)` per slot; a freed slot is listed in `free` for reuse.
+    slots: Vec<(u64, u64)>,
+    free: Vec<usize>,
+    /// Bytes written to the file, and those of them in slots still in use.
+    end: u64,
+    live: u64,
+}
+
+/// Below this many dead bytes the base file is not worth compacting.
+const BASE_FILE_SLACK: u64 = 64 << 20;
+
+impl BaseSpill {
+    /// Bases for the export to `out`, holding up to `budget` bytes in memory.
+    pub(super) fn new(out: &Path, budget: u64) -> BaseSpill {
+        BaseSpill(Arc::new(Mutex::new(BaseFile {
+            dir: SpillDir::new(out, "bases"),
+            file: None,
+            files: 0,
+            budget,
+            held: 0,
+            peak: 0,
+            spilled: 0,
+            slots: Vec::new(),
+            free: Vec::new(),
+            end: 0,
+            live: 0,
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BaseFile> {
+        // A panic while holding it ends the export anyway; the counts are still usable.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `n` bytes that stay in memory whatever the budget (a session key).
+    pub(crate) fn hold(&self, n: u64) {
+        let mut f = self.lock();
+        f.held += n;
+        f.peak = f.peak.max(f.held);
+    }
+
+    /// Stops counting `n` bytes held in memory.
+    pub(crate) fn unhold(&self, n: u64) {
+        let mut f = self.lock();
+        f.held = f.held.saturating_sub(n);
+    }
+
+    /// Keeps `body` in memory when the budget has room for it, else in the file.
+    pub(crate) fn keep(&self, body: Bytes) -> Result<Kept, CaptureError> {
+        let mut f = self.lock();
+        let len = body.len() as u64;
+        if f.held + len <= f.budget {
+            f.held += len;
+            f.peak = f.peak.max(f.held);
+            return Ok(Kept::Memory(body));
+        }
+        f.write(&body)
+            .map(Kept::Slot)
+            .map_err(|e| CaptureError::io(&f.dir.path, e))
+    }
+
+    /// The body kept in `slot`.
+    pub(crate) fn read(&self, slot: usize) -> Result<Bytes, CaptureError> {
+        let mut f = self.lock();
+        let (at, len) = f.slots[slot];
+        let mut buf = vec![0; len as usize];
+        let read = match f.file.as_mut() {
+            Some((_, file)) => file
+                .seek(SeekFrom::Start(at))
+                .and_then(|_| file.read_exact(&mut buf)),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        };
+        read.map_err(|e| CaptureError::io(&f.dir.path, e))?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Lets go of a kept body.
+    pub(crate) fn release(&self, kept: &Kept) {
+        let mut f = self.lock();
+        match kept {
+            Kept::Memory(b) => f.held = f.held.saturating_sub(b.len() as u64),
+            Kept::Slot(slot) => {
+                f.live -= f.slots[*slot].1;
+                f.slots[*slot] = (0, 0);
+                f.free.push(*slot);
+            }
+        }
+    }
+
+    /// Most bytes held in memory at once (keys and bodies).
+    pub(super) fn peak(&self) -> u64 {
+        self.lock().peak
+    }
+
+    /// Bases written to the file.
+    pub(super) fn spilled(&self) -> u64 {
+        self.lock().spilled
+    }
+}
+
+impl BaseFile {
+    fn write(&mut self, body: &[u8]) -> std::io::Result<usize> {
+        if self.end - self.live > BASE_FILE_SLACK.max(self.live) {
+            self.compact()?;
+        }
+        if self.file.is_none() {
+            self.file = Some(self.create()?);
+        }
+        let (_, file) = self.file.as_mut().expect("just made");
+        file.seek(SeekFrom::Start(self.end))?;
+        file.write_all(body)?;
+        let entry = (self.end, body.len() as u64);
+        self.end += entry.1;
+        self.live += entry.1;
+        self.spilled += 1;
+        Ok(match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = entry;
+                slot
+            }
+            None => {
+                self.slots.push(entry);
+                self.slots.len() - 1
+            }
+        })
+    }
+
+    fn create(&mut self) -> std::io::Result<(PathBuf, File)> {
+        std::fs::create_dir_all(&self.dir.path)?;
+        self.dir.made = true;
+        let path = self.dir.path.join(format!("bases-{:06}", self.files));
+        self.files += 1;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        Ok((path, file))
+    }
+
+    /// Copies the slots in use to a new file, so that the file holds at most twice the bases
+    /// it keeps (plus the slack) however often they are replaced.
+    fn compact(&mut self) -> std::io::Result<()> {
+        let Some((old_path, mut old)) = self.file.take() else {
+            return Ok(());
+        };
+        let (path, file) = self.create()?;
+        let mut w = BufWriter::new(file);
+        let mut end = 0;
+        let mut buf = Vec::new();
+        for slot in 0..self.slots.len() {
+            let (at, len) = self.slots[slot];
+            if len == 0 {
+                continue;
+            }
+            buf.resize(len as usize, 0);
+            old.seek(SeekFrom::Start(at))?;
+            old.read_exact(&mut buf)?;
+            w.write_all(&buf)?;
+            self.slots[slot] = (end, len);
+            end += len;
+        }
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        drop(old);
+        let _ = std::fs::remove_file(&old_path);
+        self.file = Some((path, file));
+        self.end = end;
         Ok(())
     }
 }
