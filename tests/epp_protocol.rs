@@ -1,10 +1,12 @@
 //! The picker as a gateway sees it, over real gRPC (no gateway needed): the same session key
 //! always gets the same endpoint, named alike in the header and the `envoy.lb` metadata; the
-//! body passes through unchanged; a subset hint is obeyed (503 when it leaves nothing); the
-//! endpoint the gateway says served a turn is where the session continues; no healthy
+//! body passes through unchanged; a subset hint is obeyed (503 when it leaves nothing); a
+//! served endpoint the picker did not offer moves no session; no healthy
 //! endpoint gives 503, every endpoint at the shedding bound gives 429, an oversized body 413;
 //! gRPC health answers for liveness and readiness; a reload swaps the endpoints; an endpoint
-//! that is not `http://IP:PORT` is refused, naming the field.
+//! that is not `http://IP:PORT` is refused, naming the field. Hostile clients: malformed
+//! messages end the stream with a gRPC error, held bodies share the proxy's body budget, an
+//! in-flight count ends after `epp.in_flight_max_ms`, a bearer token keeps others out.
 
 mod support;
 
@@ -116,7 +118,7 @@ async fn a_subset_hint_is_obeyed_and_an_empty_or_foreign_one_gets_503() {
 }
 
 #[tokio::test]
-async fn the_endpoint_that_served_a_turn_is_where_the_session_continues() {
+async fn a_served_endpoint_the_picker_did_not_offer_does_not_move_the_session() {
     let (_b, list) = endpoints(3).await;
     let epp = fixture::start(fixture::config(&list)).await;
     let mut stream = Stream::open(epp.addr()).await;
@@ -140,9 +142,13 @@ async fn the_endpoint_that_served_a_turn_is_where_the_session_continues() {
         .await
         .unwrap();
     assert_eq!(
-        again, other,
-        "the session follows the endpoint that served it"
+        again, picked,
+        "only an endpoint offered for the stream may rebind its session"
     );
+    assert!(epp
+        .metrics()
+        .await
+        .contains("agentrace_epp_refusals_total{reason=\"served_not_offered\"} 1"));
     epp.stop().await;
 }
 
@@ -366,4 +372,192 @@ async fn a_refused_reload_counts_as_refused_in_the_reload_metric() {
         .unwrap()
         .unwrap();
     assert_eq!(status.code(), Some(0));
+}
+
+/// Polls `/metrics` until `line` appears, for up to 10 s.
+async fn wait_metric(epp: &fixture::TestEpp, line: &str) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let metrics = epp.metrics().await;
+        if metrics.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {line:?} within 10 s in:\n{metrics}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// One ext_proc call over raw HTTP/2 carrying `body` as its request stream; the call's
+/// `grpc-status` (from the trailers, or a trailers-only answer's head).
+async fn raw_call(addr: SocketAddr, body: &[u8]) -> String {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::post(format!(
+        "http://{addr}/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(bytes::Bytes::copy_from_slice(body), true)
+        .unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), response)
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    if let Some(status) = response.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_string();
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let _ = chunk;
+    }
+    let trailers = body.trailers().await.unwrap().expect("trailers");
+    trailers["grpc-status"].to_str().unwrap().to_string()
+}
+
+fn grpc_frame(flag: u8, declared: u32, payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![flag];
+    frame.extend_from_slice(&declared.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+#[tokio::test]
+async fn malformed_ext_proc_messages_end_the_stream_with_an_error_status_and_are_counted() {
+    let (_b, list) = endpoints(1).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    // ProcessingRequest { request_body (4): HttpBody { body (1): "x", end_of_stream (2): true } }
+    let body_first = [0x22, 0x05, 0x0a, 0x01, b'x', 0x10, 0x01];
+    let cases: [(&str, Vec<u8>, &str); 7] = [
+        ("garbage protobuf", grpc_frame(0, 5, &[0xff; 5]), "3"),
+        ("4 GiB length prefix", grpc_frame(0, u32::MAX, b"ab"), "8"),
+        (
+            "compressed with no grpc-encoding",
+            grpc_frame(1, 2, b"ab"),
+            "3",
+        ),
+        ("compression flag 2", grpc_frame(2, 2, b"ab"), "3"),
+        ("message cut short", grpc_frame(0, 100, b"abc"), "3"),
+        ("no request phase", grpc_frame(0, 0, b""), "3"),
+        (
+            "body before headers",
+            grpc_frame(0, body_first.len() as u32, &body_first),
+            "3",
+        ),
+    ];
+    for (what, bytes, want) in &cases {
+        let status = raw_call(epp.addr(), bytes).await;
+        assert_eq!(&status, want, "{what}: grpc-status");
+    }
+    wait_metric(
+        &epp,
+        "agentrace_epp_refusals_total{reason=\"malformed_message\"} 7",
+    )
+    .await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_never_answered_stops_counting_in_flight_after_in_flight_max_ms() {
+    let (_b, list) = endpoints(1).await;
+    let mut config = fixture::config(&list);
+    config.epp.in_flight_max_ms = 300;
+    let epp = fixture::start(config).await;
+    let mut held = Stream::open(epp.addr()).await;
+    held.request(&[("x-session-id", "stuck")], &chat("hi"), None)
+        .await
+        .unwrap();
+    // Counted while the response is under way, then no longer, though the stream stays open.
+    wait_metric(&epp, "agentrace_in_flight{backend=\"e0\"} 1").await;
+    wait_metric(&epp, "agentrace_in_flight{backend=\"e0\"} 0").await;
+    wait_metric(
+        &epp,
+        "agentrace_epp_refusals_total{reason=\"in_flight_expired\"} 1",
+    )
+    .await;
+    drop(held);
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn bodies_held_by_the_picker_share_the_body_budget_and_past_it_get_the_proxys_503() {
+    let (_b, list) = endpoints(1).await;
+    let mut config = fixture::config(&list);
+    config.max_request_body_bytes = 1 << 20;
+    config.request_body_budget_bytes = 1 << 20;
+    let epp = fixture::start(config).await;
+    // One stream holds most of the budget with a body not yet complete.
+    let holder = Stream::open(epp.addr()).await;
+    holder.send(fixture::headers_msg(&[], false, None)).await;
+    holder
+        .send(fixture::body_msg(&vec![b'x'; 900 << 10], false))
+        .await;
+    wait_metric(&epp, "agentrace_request_body_bytes_held 921600").await;
+    let mut late = Stream::open(epp.addr()).await;
+    late.send(fixture::headers_msg(&[], false, None)).await;
+    late.send(fixture::body_msg(&vec![b'y'; 200 << 10], true))
+        .await;
+    match late.recv().await {
+        envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response::ImmediateResponse(i) => {
+            assert_eq!(i.status.unwrap().code, 503);
+            let body: serde_json::Value = serde_json::from_slice(&i.body).unwrap();
+            assert_eq!(body["error"]["type"], "overloaded");
+            let headers = i.headers.unwrap().set_headers;
+            let retry = headers
+                .iter()
+                .map(|h| h.header.as_ref().unwrap())
+                .find(|h| h.key == "retry-after")
+                .expect("retry-after, as the proxy answers");
+            assert_eq!(retry.raw_value, b"1");
+        }
+        other => panic!("expected 503, got {other:?}"),
+    }
+    assert!(epp
+        .metrics()
+        .await
+        .contains("agentrace_body_budget_refusals_total 1"));
+    // The held bytes are given back when the holder goes.
+    drop(holder);
+    wait_metric(&epp, "agentrace_request_body_bytes_held 0").await;
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_token_file_a_stream_without_the_token_is_refused_before_placement() {
+    let (_b, list) = endpoints(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let mut config = fixture::config(&list);
+    config.epp.token_file = Some(token_file);
+    let epp = fixture::start(config).await;
+    for token in [None, Some("wrong-token!")] {
+        let refused = Stream::open_with_token(epp.addr(), token).await;
+        assert_eq!(
+            refused.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated),
+            "token {token:?}"
+        );
+    }
+    let mut s = Stream::open_with_token(epp.addr(), Some("s3cret-token"))
+        .await
+        .unwrap();
+    s.request(&[("x-session-id", "ok")], &chat("hi"), None)
+        .await
+        .unwrap();
+    let metrics = epp.metrics().await;
+    assert!(metrics.contains("agentrace_epp_refusals_total{reason=\"unauthenticated\"} 2"));
+    let placed: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("agentrace_affinity_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(placed, 1.0, "only the stream with the token was placed");
+    epp.stop().await;
 }

@@ -108,6 +108,15 @@ pub struct Stream {
 
 impl Stream {
     pub async fn open(addr: SocketAddr) -> Stream {
+        Self::open_with_token(addr, None).await.expect("process")
+    }
+
+    /// Opens a stream presenting `token` as `authorization: Bearer TOKEN`; the picker's
+    /// refusal, if it refuses.
+    pub async fn open_with_token(
+        addr: SocketAddr,
+        token: Option<&str>,
+    ) -> Result<Stream, tonic::Status> {
         let mut client = ExternalProcessorClient::connect(format!("http://{addr}"))
             .await
             .expect("connect");
@@ -118,12 +127,25 @@ impl Stream {
                 rx.recv().await.map(|m| (m, rx))
             },
         );
-        let rx = client
-            .process(outbound)
+        let mut request = tonic::Request::new(outbound);
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let rx = client.process(request).await?.into_inner();
+        Ok(Stream { tx, rx })
+    }
+
+    /// Waits for the picker to end the stream with an error, and returns it.
+    pub async fn ended_with(&mut self) -> tonic::Status {
+        let next = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
             .await
-            .expect("process")
-            .into_inner();
-        Stream { tx, rx }
+            .expect("an answer within 10 s");
+        match next {
+            Err(status) => status,
+            Ok(other) => panic!("expected the stream to end with an error, got {other:?}"),
+        }
     }
 
     pub async fn send(&self, msg: ProcessingRequest) {
