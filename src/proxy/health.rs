@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::capacity;
@@ -40,10 +40,11 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
             next = due.map_or(now + step, |due| due.min(now + step)).into();
         } else {
             let connections = inner.probe_pool.read().clone();
+            let via = inner.via.entry(http::Version::HTTP_11);
             let probes = pool
                 .backends
                 .iter()
-                .map(|b| probe(&connections, b.clone(), &cfg));
+                .map(|b| probe(&connections, b.clone(), &cfg, via));
             futures_util::future::join_all(probes).await;
             next += Duration::from_millis(cfg.interval_ms);
         }
@@ -58,19 +59,32 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
     }
 }
 
-async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &HealthConfig) {
+/// Probes one backend. A probe carries the proxy's `Via` entry, so a backend that is the proxy
+/// itself (or leads back to it) answers 508 and is taken out, the log saying why.
+async fn probe(
+    connections: &Arc<WorkerPool>,
+    backend: Arc<Backend>,
+    cfg: &HealthConfig,
+    via: &HeaderValue,
+) {
     let result = async {
         let path: PathAndQuery = cfg
             .path
             .parse()
             .map_err(|e| format!("bad probe path {}: {e}", cfg.path))?;
-        let resp = get(connections, &backend.url, &path)
+        let resp = get(connections, &backend.url, &path, via)
             .await
             .map_err(|e| e.to_string())?;
         // Read the small body so the connection can be reused.
         let _ = resp.body.collect().await;
         if resp.status.is_success() {
             Ok(())
+        } else if resp.status == StatusCode::LOOP_DETECTED {
+            Err(
+                "status 508 Loop Detected: the probe came back to this proxy, so the backend \
+                 is this proxy itself or leads back to it"
+                    .to_string(),
+            )
         } else {
             Err(format!("status {}", resp.status))
         }
@@ -84,17 +98,20 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
     // Apart from the probe, so a slow `/metrics` never fails one.
     if healthy && !backend.kv_cache_asked.load(Ordering::Relaxed) {
         let timeout = Duration::from_millis(cfg.timeout_ms);
-        let _ = tokio::time::timeout(timeout, learn_kv_cache(connections, &backend)).await;
+        let learn = learn_kv_cache(connections, &backend, via);
+        let _ = tokio::time::timeout(timeout, learn).await;
     }
 }
 
-/// `GET path` on a backend, with no header of a client's.
+/// `GET path` on a backend, with no header of a client's; only the proxy's `Via` entry.
 async fn get(
     connections: &Arc<WorkerPool>,
     url: &BackendUrl,
     path: &PathAndQuery,
+    via: &HeaderValue,
 ) -> Result<UpstreamResponse, PoolError> {
-    let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
+    let added = vec![(http::header::VIA, via.clone())];
+    let headers = OutboundFields::new(WireFields::default(), &[], added);
     let req = UpstreamRequest {
         method: &Method::GET,
         path_and_query: path,
@@ -107,9 +124,9 @@ async fn get(
 }
 
 /// Reads the size of a healthy backend's KV cache from its `/metrics`, once it answers there.
-async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend) {
+async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend, via: &HeaderValue) {
     let path = PathAndQuery::from_static("/metrics");
-    let Ok(resp) = get(connections, &backend.url, &path).await else {
+    let Ok(resp) = get(connections, &backend.url, &path, via).await else {
         return;
     };
     if resp.status.is_server_error() {
