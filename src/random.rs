@@ -108,6 +108,12 @@ impl Rng {
     }
 }
 
+/// 64 bits from the operating system's random source: for what must differ between
+/// processes (a proxy instance's name in `Via`), never for what a seed must reproduce.
+pub(crate) fn os_u64() -> u64 {
+    rand::RngCore::next_u64(&mut rand::rngs::OsRng)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

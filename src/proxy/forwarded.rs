@@ -2,12 +2,17 @@
 //! ([`ClientConn`], formatted once per connection), and `X-Forwarded-For`, `-Proto`, `-Host`
 //! and `Forwarded` (RFC 7239), each continuing what earlier hops wrote. Kept apart from the
 //! trip upstream because it is where client-controlled values cross into headers a backend
-//! trusts: every such value is checked or quoted here, and tested here.
+//! trusts: every such value is checked or quoted here, and tested here. Also `Via`
+//! (RFC 9110 §7.6.3), which names this proxy instance so that a request that comes back to it
+//! (a backend URL pointing at the proxy, directly or through another proxy) is refused at the
+//! first repeat instead of looping until some limit breaks.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderName, HeaderValue};
-use http::Uri;
+use http::{Uri, Version};
 
 use super::fields::OutboundFields;
 use crate::http1::fields::{is_tchar, is_valid_host, put_quoted, quoted_len, same_name, text};
@@ -50,14 +55,122 @@ impl ClientConn {
     }
 }
 
+/// How long the log stays quiet after a line about a refused loop: a flood of looping requests
+/// logs one line per period, with the count of those it did not log.
+const LOOP_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Length of a proxy instance's name in `Via`: `agentrace-` and 16 hex digits.
+const VIA_NAME_LEN: usize = 26;
+
+/// This proxy instance's entry in `Via`: `agentrace-` and 64 random bits from the operating
+/// system, drawn once per instance, so replicas behind one service name pass each other's
+/// traffic while a request that comes back to the same instance is recognised by its name.
+pub(crate) struct Via {
+    name: [u8; VIA_NAME_LEN],
+    /// The whole entry per protocol the request was received with, built once.
+    http10: HeaderValue,
+    http11: HeaderValue,
+    http2: HeaderValue,
+    /// When the log last spoke of a loop (ms after `created`), and the loops since.
+    created: Instant,
+    logged_at_ms: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+/// A request whose `Via` already names this proxy instance: it has looped.
+#[derive(Debug)]
+pub(crate) struct Looped {
+    /// The host it was sent to (the target's authority, else `Host`), for the log.
+    pub host: String,
+}
+
+impl Via {
+    /// A new instance name.
+    pub(crate) fn new() -> Self {
+        let text = format!("agentrace-{:016x}", crate::random::os_u64());
+        let mut name = [0; VIA_NAME_LEN];
+        name.copy_from_slice(text.as_bytes());
+        let entry = |protocol: &str| {
+            HeaderValue::from_str(&format!("{protocol} {text}")).expect("hex is a header value")
+        };
+        Self {
+            name,
+            http10: entry("1.0"),
+            http11: entry("1.1"),
+            http2: entry("2"),
+            created: Instant::now(),
+            logged_at_ms: AtomicU64::new(u64::MAX),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    /// The entry this proxy adds to a request received as `version`.
+    pub(crate) fn entry(&self, version: Version) -> &HeaderValue {
+        match version {
+            Version::HTTP_10 | Version::HTTP_09 => &self.http10,
+            Version::HTTP_2 | Version::HTTP_3 => &self.http2,
+            _ => &self.http11,
+        }
+    }
+
+    /// The instance name, as `Via` carries it.
+    pub(crate) fn name(&self) -> &str {
+        std::str::from_utf8(&self.name).unwrap_or("agentrace")
+    }
+
+    /// Whether a `Via` line names this instance.
+    fn names_me(&self, line: &[u8]) -> bool {
+        line.windows(VIA_NAME_LEN).any(|w| w == self.name)
+    }
+
+    /// Logs a refused loop: the first at once, then at most one line per [`LOOP_LOG_PERIOD`],
+    /// which counts the loops refused since the last line.
+    pub(crate) fn log_loop(&self, host: &str) {
+        let now = self.created.elapsed().as_millis() as u64;
+        let last = self.logged_at_ms.load(Ordering::Relaxed);
+        let due = last == u64::MAX || now >= last + LOOP_LOG_PERIOD.as_millis() as u64;
+        if !due
+            || self
+                .logged_at_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            via = self.name(),
+            host,
+            unlogged_since_last = unlogged,
+            "request refused with 508 Loop Detected: it came back to this proxy (its Via names this \
+             instance); a backend URL points at this proxy, directly or through another proxy"
+        );
+    }
+}
+
 /// Fields of a request the proxy sets from elsewhere: `Host` from the backend URL,
 /// `Content-Length` from the body sent, and `Expect`, which the proxy answered itself.
 const REQUEST_REPLACED: &[&str] = &["host", "content-length", "expect"];
 
-/// Client headers minus hop-by-hop ones, plus `X-Forwarded-*` and `Forwarded`.
-pub(crate) fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> OutboundFields {
-    let added = proxy_fields(&h, uri, client);
-    OutboundFields::new(h, REQUEST_REPLACED, added)
+/// This hop as `Via` records it: the proxy instance and the protocol the request came in.
+pub(crate) struct Hop<'a> {
+    /// The proxy instance.
+    pub via: &'a Via,
+    /// The protocol version the client used.
+    pub version: Version,
+}
+
+/// Client headers minus hop-by-hop ones, plus `X-Forwarded-*`, `Forwarded` and `Via`; or
+/// [`Looped`] if `Via` shows the request passed this proxy instance before.
+pub(crate) fn forward_headers(
+    h: WireFields,
+    uri: &Uri,
+    client: &ClientConn,
+    hop: Hop<'_>,
+) -> Result<OutboundFields, Looped> {
+    let added = proxy_fields(&h, uri, client, hop)?;
+    Ok(OutboundFields::new(h, REQUEST_REPLACED, added))
 }
 
 /// `X-Forwarded-For`, `-Proto` and `-Host` and `Forwarded`, each continuing what `h` says.
@@ -67,12 +180,25 @@ pub(crate) fn forward_headers(h: WireFields, uri: &Uri, client: &ClientConn) -> 
 /// absolute-form target, HTTP/2's `:authority`), else `Host` (RFC 9112 §3.2.2), and is written
 /// only when it is a valid host: quoted in `Forwarded`, and in `X-Forwarded-Host` only without a
 /// comma, which there would read as a second hop.
-fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderName, HeaderValue)> {
+///
+/// `Via` is continued the same way, with this hop's entry last; a request whose `Via` already
+/// names this instance is [`Looped`]. The check reads `Via` only when the request has one.
+fn proxy_fields(
+    h: &WireFields,
+    uri: &Uri,
+    client: &ClientConn,
+    hop: Hop<'_>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, Looped> {
     // One pass over the names finds every field read below.
     let (mut xff, mut forwarded_prev, mut xfh, mut host) = (false, false, false, None);
+    let (mut via_prev, mut looped) = (false, false);
     for (name, value) in h.pairs() {
         let is = |known: &str| same_name(name, known.as_bytes());
         match name.len() {
+            3 if is("via") => {
+                looped |= hop.via.names_me(value);
+                via_prev = true;
+            }
             4 if is("host") => host = host.or(Some(value)),
             9 if is("forwarded") => forwarded_prev = true,
             15 if is("x-forwarded-for") => xff = true,
@@ -85,8 +211,12 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
         None => host,
     }
     .filter(|host| is_valid_host(host));
+    if looped {
+        let host = String::from_utf8_lossy(host.unwrap_or_default()).into_owned();
+        return Err(Looped { host });
+    }
     let proto = if client.tls { "https" } else { "http" };
-    let mut added = Vec::with_capacity(4);
+    let mut added = Vec::with_capacity(5);
     let xff = if xff {
         let mut list = bytes::BytesMut::with_capacity(64);
         put_earlier_hops(&mut list, h.values_of("x-forwarded-for"), |line| {
@@ -121,7 +251,17 @@ fn proxy_fields(h: &WireFields, uri: &Uri, client: &ClientConn) -> Vec<(HeaderNa
     if let Ok(v) = HeaderValue::from_maybe_shared(forwarded.freeze()) {
         added.push((header::FORWARDED, v));
     }
-    added
+    let entry = hop.via.entry(hop.version);
+    let via = if via_prev {
+        let mut list = bytes::BytesMut::with_capacity(64);
+        put_earlier_hops(&mut list, h.values_of("via"), |line| text(line).is_some());
+        list.extend_from_slice(entry.as_bytes());
+        HeaderValue::from_maybe_shared(list.freeze()).unwrap_or_else(|_| entry.clone())
+    } else {
+        entry.clone()
+    };
+    added.push((header::VIA, via));
+    Ok(added)
 }
 
 /// Appends the lines of a list field an earlier hop wrote, in order, each followed by `, ` so
@@ -199,12 +339,22 @@ mod tests {
     use super::*;
     use http::HeaderMap;
 
+    /// The fields forwarded for a request received over HTTP/1.1 by a new instance.
+    fn fwd(h: WireFields, uri: &Uri, client: &ClientConn) -> OutboundFields {
+        let via = Via::new();
+        let hop = Hop {
+            via: &via,
+            version: Version::HTTP_11,
+        };
+        forward_headers(h, uri, client, hop).expect("no loop")
+    }
+
     #[test]
     fn forwarded_headers_append_the_peer() {
         let mut h = HeaderMap::new();
         h.insert("host", "proxy.local".parse().unwrap());
         h.insert("x-forwarded-for", "10.0.0.1".parse().unwrap());
-        let out = forward_headers(
+        let out = fwd(
             WireFields::from_map(&h),
             &Uri::from_static("/"),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
@@ -229,7 +379,7 @@ mod tests {
         h.insert("content-length", "2".parse().unwrap());
         h.insert("te", "trailers".parse().unwrap());
         h.insert("x-session-id", "s1".parse().unwrap());
-        let out = forward_headers(
+        let out = fwd(
             WireFields::from_map(&h),
             &Uri::from_static("/"),
             &ClientConn::new("[2001:db8::1]:5000".parse().unwrap(), true, 0),
@@ -257,7 +407,7 @@ mod tests {
                X-Session-Id: s1\r\n\r\n"[..],
         );
         let head = crate::http1::parse_request(&mut raw).unwrap().unwrap();
-        let out = forward_headers(
+        let out = fwd(
             head.headers,
             &Uri::from_static("/"),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
@@ -270,7 +420,8 @@ mod tests {
                 b"x-forwarded-for",
                 b"x-forwarded-proto",
                 b"x-forwarded-host",
-                b"forwarded"
+                b"forwarded",
+                b"via"
             ]
         );
         let map = out.to_map();
@@ -285,7 +436,7 @@ mod tests {
     fn forwarded_for(pairs: &[(&str, &str)], uri: &'static str) -> HeaderMap {
         let fields =
             WireFields::from_pairs(pairs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
-        forward_headers(
+        fwd(
             fields,
             &Uri::from_static(uri),
             &ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0),
@@ -376,5 +527,61 @@ mod tests {
         ] {
             assert!(!is_forwarded_list(bad.as_bytes()), "{bad:?} accepted");
         }
+    }
+
+    /// `Via` is continued with this instance's entry, naming the protocol the request came
+    /// in; a request whose `Via` names the instance anywhere is a loop.
+    #[test]
+    fn via_continues_earlier_hops_and_a_request_naming_this_instance_has_looped() {
+        let via = Via::new();
+        let client = ClientConn::new("192.0.2.7:5000".parse().unwrap(), false, 0);
+        let hop = |version| Hop { via: &via, version };
+        let fields = |pairs: &[(&str, &str)]| {
+            WireFields::from_pairs(pairs.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())))
+        };
+        let uri = Uri::from_static("/");
+        let out = forward_headers(
+            fields(&[("host", "p")]),
+            &uri,
+            &client,
+            hop(Version::HTTP_2),
+        )
+        .unwrap()
+        .to_map();
+        assert_eq!(out["via"], format!("2 {}", via.name()));
+        let out = forward_headers(
+            fields(&[("via", "1.0 fred, 1.1 p.example"), ("Via", "2 other")]),
+            &uri,
+            &client,
+            hop(Version::HTTP_11),
+        )
+        .unwrap()
+        .to_map();
+        assert_eq!(
+            out["via"],
+            format!("1.0 fred, 1.1 p.example, 2 other, 1.1 {}", via.name())
+        );
+        assert_eq!(out.get_all("via").iter().count(), 1);
+        let mine = format!("1.1 edge, 1.1 {}", via.name());
+        let looped = forward_headers(
+            fields(&[("host", "p"), ("via", "1.1 a"), ("via", &mine)]),
+            &uri,
+            &client,
+            hop(Version::HTTP_11),
+        );
+        assert!(looped.is_err(), "a request naming this instance passed");
+        // Another instance (a replica behind the same name) passes it on.
+        let other = Via::new();
+        assert_ne!(other.name(), via.name());
+        let passed = forward_headers(
+            fields(&[("via", &mine)]),
+            &uri,
+            &client,
+            Hop {
+                via: &other,
+                version: Version::HTTP_11,
+            },
+        );
+        assert!(passed.is_ok());
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::uri::PathAndQuery;
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::capacity;
@@ -40,10 +40,11 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
             next = due.map_or(now + step, |due| due.min(now + step)).into();
         } else {
             let connections = inner.probe_pool.read().clone();
+            let via = inner.via.entry(http::Version::HTTP_11);
             let probes = pool
                 .backends
                 .iter()
-                .map(|b| probe(&connections, b.clone(), &cfg));
+                .map(|b| probe(&connections, b.clone(), &cfg, via));
             futures_util::future::join_all(probes).await;
             next += Duration::from_millis(cfg.interval_ms);
         }
@@ -58,19 +59,32 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: Shutdown) {
     }
 }
 
-async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &HealthConfig) {
+/// Probes one backend. A probe carries the proxy's `Via` entry, so a backend that is the proxy
+/// itself (or leads back to it) answers 508 and is taken out, the log saying why.
+async fn probe(
+    connections: &Arc<WorkerPool>,
+    backend: Arc<Backend>,
+    cfg: &HealthConfig,
+    via: &HeaderValue,
+) {
     let result = async {
         let path: PathAndQuery = cfg
             .path
             .parse()
             .map_err(|e| format!("bad probe path {}: {e}", cfg.path))?;
-        let resp = get(connections, &backend.url, &path)
+        let resp = get(connections, &backend.url, &path, via)
             .await
             .map_err(|e| e.to_string())?;
         // Read the small body so the connection can be reused.
         let _ = resp.body.collect().await;
         if resp.status.is_success() {
             Ok(())
+        } else if resp.status == StatusCode::LOOP_DETECTED {
+            Err(
+                "status 508 Loop Detected: the probe came back to this proxy, so the backend \
+                 is this proxy itself or leads back to it"
+                    .to_string(),
+            )
         } else {
             Err(format!("status {}", resp.status))
         }
@@ -83,17 +97,19 @@ async fn probe(connections: &Arc<WorkerPool>, backend: Arc<Backend>, cfg: &Healt
     record_probe(&backend, outcome, cfg);
     // Apart from the probe, so a slow answer about the cache never fails one.
     if healthy && backend.kv_cache.asking() {
-        learn_kv_cache(connections, &backend, Duration::from_millis(cfg.timeout_ms)).await;
+        learn_kv_cache(connections, &backend, Duration::from_millis(cfg.timeout_ms), via).await;
     }
 }
 
-/// `GET path` on a backend, with no header of a client's.
+/// `GET path` on a backend, with no header of a client's; only the proxy's `Via` entry.
 async fn get(
     connections: &Arc<WorkerPool>,
     url: &BackendUrl,
     path: &PathAndQuery,
+    via: &HeaderValue,
 ) -> Result<UpstreamResponse, PoolError> {
-    let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
+    let added = vec![(http::header::VIA, via.clone())];
+    let headers = OutboundFields::new(WireFields::default(), &[], added);
     let req = UpstreamRequest {
         method: &Method::GET,
         path_and_query: path,
@@ -108,13 +124,18 @@ async fn get(
 /// Asks a healthy backend for its KV cache size where each engine states it
 /// ([`capacity::KV_PATHS`], in turn, each within `timeout`), until one answer does; logs once
 /// when none can.
-async fn learn_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend, timeout: Duration) {
+async fn learn_kv_cache(
+    connections: &Arc<WorkerPool>,
+    backend: &Backend,
+    timeout: Duration,
+    via: &HeaderValue,
+) {
     let (mut failed, mut not_yet) = (false, false);
     for i in 0..capacity::KV_PATHS.len() {
         if !backend.kv_cache.ask(i) {
             continue;
         }
-        let answer = tokio::time::timeout(timeout, ask_kv_cache(connections, backend, i));
+        let answer = tokio::time::timeout(timeout, ask_kv_cache(connections, backend, i, via));
         match answer.await.unwrap_or(Answer::Failed) {
             Answer::Failed => failed = true,
             Answer::Said(capacity::Reading::NotYet) => not_yet = true,
@@ -141,9 +162,14 @@ enum Answer {
 }
 
 /// `GET KV_PATHS[path]` on `backend`, and what its answer states.
-async fn ask_kv_cache(connections: &Arc<WorkerPool>, backend: &Backend, path: usize) -> Answer {
+async fn ask_kv_cache(
+    connections: &Arc<WorkerPool>,
+    backend: &Backend,
+    path: usize,
+    via: &HeaderValue,
+) -> Answer {
     let uri = PathAndQuery::from_static(capacity::KV_PATHS[path]);
-    let Ok(resp) = get(connections, &backend.url, &uri).await else {
+    let Ok(resp) = get(connections, &backend.url, &uri, via).await else {
         return Answer::Failed;
     };
     // 501 is llama-server's answer for an endpoint it was started without: that is final.

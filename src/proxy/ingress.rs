@@ -417,6 +417,7 @@ impl<S: AsyncRead + AsyncWrite + Arrivals + Unpin> Downstream<S> {
             method,
             uri,
             headers,
+            version,
         };
         let response = {
             let forwarding = upstream::forward(inner, req, &body, client, started);

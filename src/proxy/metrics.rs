@@ -185,6 +185,8 @@ pub(crate) struct ProxyMetrics {
     backend_series: Arc<Mutex<BackendRegistry>>,
     /// Requests refused with 503 because request bodies held `request_body_budget_bytes`.
     body_budget_refusals: Counter,
+    /// Requests refused with 508 because their `Via` named this proxy instance.
+    loops_refused: Counter,
     /// Request body bytes held now (set when rendered).
     body_bytes_held: Gauge,
     /// Requests refused before reaching any backend, by status.
@@ -326,6 +328,8 @@ impl ProxyMetrics {
             .collect();
         let body_budget_refusals =
             r.register_counter(&key("agentrace_body_budget_refusals_total", vec![]), &META);
+        let loops_refused =
+            r.register_counter(&key("agentrace_loops_refused_total", vec![]), &META);
         let body_bytes_held =
             r.register_gauge(&key("agentrace_request_body_bytes_held", vec![]), &META);
         let bound_sessions = r.register_gauge(&key("agentrace_bound_sessions", vec![]), &META);
@@ -384,6 +388,7 @@ impl ProxyMetrics {
             overhead: Arc::new(DurationHistogram::new(OVERHEAD_BUCKETS)),
             backend_series: Arc::default(),
             body_budget_refusals,
+            loops_refused,
             body_bytes_held,
             no_backend: Arc::default(),
             bound_sessions,
@@ -574,6 +579,11 @@ impl ProxyMetrics {
     /// Counts a request refused because request bodies held the whole budget.
     pub(crate) fn body_budget_refused(&self) {
         self.body_budget_refusals.increment(1);
+    }
+
+    /// Counts a request refused because it came back to this proxy instance (a loop).
+    pub(crate) fn loop_refused(&self) {
+        self.loops_refused.increment(1);
     }
 
     /// Publishes the request body bytes held now (read by the admin listener before a render,
@@ -869,6 +879,11 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_epp_refusals_total",
         "What the endpoint picker refused or cut short, by reason (max_connections, idle_timeout, accept_error, malformed_message, unauthenticated, body_budget, in_flight_expired, served_not_offered).",
+        0,
+    );
+    d(
+        "agentrace_loops_refused_total",
+        "Requests refused with 508 Loop Detected because their Via named this proxy instance.",
         0,
     );
     d(

@@ -115,6 +115,8 @@ pub struct Inner {
     body_budget: budget::BodyBudget,
     client_limits: ingress::ClientLimits,
     retries: AtomicU32,
+    /// This instance's name in `Via`, on forwarded requests and health probes.
+    via: forwarded::Via,
     config: Mutex<ProxyConfig>,
 }
 
@@ -307,6 +309,7 @@ fn new_inner(
         body_budget: budget::BodyBudget::new(config.request_body_budget_bytes),
         client_limits: ingress::ClientLimits::from(&config.client),
         retries: AtomicU32::new(config.upstream.retries),
+        via: forwarded::Via::new(),
         config: Mutex::new(config),
     })
 }

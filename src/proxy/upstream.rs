@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::fields::OutboundFields;
-use super::forwarded::{forward_headers, ClientConn};
+use super::forwarded::{forward_headers, ClientConn, Hop};
 use super::health;
 use super::held_body::{BodyParts, HeldBody};
 use super::metrics::{ClientTimeout, ErrorKind, RetryReason};
@@ -243,6 +243,7 @@ async fn read_and_forward(
         headers: WireFields::from_h2_request(&parts.headers),
         method: parts.method,
         uri: parts.uri,
+        version: parts.version,
     };
     let answer = forward(&inner, req, &body, &client, started).await;
     body.release().await;
@@ -257,6 +258,8 @@ pub(crate) struct ClientRequest {
     pub uri: Uri,
     /// Header fields as received.
     pub headers: WireFields,
+    /// The protocol version it came in, as `Via` names it.
+    pub version: Version,
 }
 
 /// Bodies up to this size are fingerprinted on the worker that received them; parsing a
@@ -301,6 +304,7 @@ pub(crate) async fn forward(
         method,
         uri,
         headers,
+        version,
     } = req;
     let view = inner.workers.get(client.worker);
     let pool = &view.pool;
@@ -321,7 +325,14 @@ pub(crate) async fn forward(
     let recorded_headers = inner.sink.as_ref().map(|_| headers.to_map());
     let declare_length =
         !body.is_empty() || headers.has("content-length") || headers.has("transfer-encoding");
-    let headers = forward_headers(headers, &uri, client);
+    let hop = Hop {
+        via: &inner.via,
+        version,
+    };
+    let headers = match forward_headers(headers, &uri, client, hop) {
+        Ok(headers) => headers,
+        Err(looped_at) => return looped(inner, &looped_at.host),
+    };
     // What the recorder learns of this exchange, for the backend that answers (or failed last).
     let exchange = |backend: &Backend| {
         exchange_start(
@@ -477,6 +488,22 @@ pub(crate) fn refuse(
 ) -> Answer {
     inner.metrics.refused(status);
     error_response(status, kind, message)
+}
+
+/// The answer to a request that came back to this proxy instance: forwarding it again would
+/// loop until some limit broke (RFC 9110 §7.6.3, RFC 5842 §7.2).
+fn looped(inner: &Inner, host: &str) -> Answer {
+    inner.metrics.loop_refused();
+    inner.via.log_loop(host);
+    refuse(
+        inner,
+        StatusCode::LOOP_DETECTED,
+        "loop_detected",
+        &format!(
+            "the request came back to this proxy ({} in its Via): a backend points at the proxy, directly or through another proxy",
+            inner.via.name()
+        ),
+    )
 }
 
 /// The methods the proxy forwards, as a 405 must list them (RFC 9110 §15.5.6); extension
