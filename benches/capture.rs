@@ -13,12 +13,13 @@
 //!    loopback backend (a small chat-completion answer as 16 SSE events), hammered by 32
 //!    connections over 1,000 session keys for 3 s each, interleaved 5 times: median
 //!    requests/s and p50/p99 latency of each, so the ratio shows what capture costs the proxy.
-//! 4. **fleet** (only when named; needs no dataset): 1,500 synthetic agent sessions of 20
-//!    turns recorded twice, once round-robin over 3 replica recorders (10,000 exchanges each)
-//!    and once into one directory; then `agentrace capture export` of each under
-//!    `/usr/bin/time -v`: wall time and peak RSS of the fleet merge against the one directory,
-//!    in the same run. `FLEET_WAVES=N` records N such batches one after another (N × 10,000
-//!    exchanges per replica). `scripts/bench-capture-fleet.sh [N]` runs it.
+//! 4. **fleet** (only when named; needs no dataset): `FLEET_SESSIONS` (1,500) synthetic agent
+//!    sessions of `FLEET_TURNS` (20) turns recorded round-robin over R replica recorders, for
+//!    each R of `FLEET_REPLICAS` (`1,3`); then `agentrace capture export` of each fleet under
+//!    `/usr/bin/time -v`, twice: wall time and peak RSS, and with `FLEET_BEFORE_BIN` set, the
+//!    same of that other build on the same captures in the same run (the ratio is the
+//!    comparison). `FLEET_WAVES=N` records N such batches one after another.
+//!    `scripts/bench-capture-fleet.sh` runs it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -538,11 +539,15 @@ async fn record_sessions(recorders: &[Recorder], sessions: usize, turns: usize, 
     }
 }
 
-/// `/usr/bin/time -v agentrace capture export DIRS… --out OUT`: (wall s, peak RSS KiB, stdout).
-fn timed_export(dirs: &[PathBuf], out: &std::path::Path) -> (f64, u64, String) {
+/// `/usr/bin/time -v BIN capture export DIRS… --out OUT`: (wall s, peak RSS KiB, stdout).
+fn timed_export(
+    bin: &std::path::Path,
+    dirs: &[PathBuf],
+    out: &std::path::Path,
+) -> (f64, u64, String) {
     let mut cmd = std::process::Command::new("/usr/bin/time");
     cmd.arg("-v")
-        .arg(env!("CARGO_BIN_EXE_agentrace"))
+        .arg(bin)
         .args(["capture", "export"])
         .args(dirs)
         .arg("--out")
@@ -565,14 +570,34 @@ fn timed_export(dirs: &[PathBuf], out: &std::path::Path) -> (f64, u64, String) {
     (wall, rss, String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-async fn fleet_bench() {
-    let (sessions, turns, replicas) = (1500, 20, 3);
-    // Batches of 1,500 sessions one after the other: the capture grows, the sessions open at
-    // once do not.
-    let waves: usize = std::env::var("FLEET_WAVES")
+/// A positive number from the environment, or `default`.
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(1);
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+async fn fleet_bench() {
+    let sessions = env_or("FLEET_SESSIONS", 1500);
+    let turns = env_or("FLEET_TURNS", 20);
+    // Batches of sessions one after the other: the capture grows, the sessions open at once
+    // do not.
+    let waves = env_or("FLEET_WAVES", 1);
+    let replica_counts: Vec<usize> = std::env::var("FLEET_REPLICAS")
+        .unwrap_or_else(|_| "1,3".into())
+        .split(',')
+        .map(|r| {
+            r.trim()
+                .parse()
+                .expect("FLEET_REPLICAS: replica counts, e.g. 1,3,10")
+        })
+        .collect();
+    // Another build of agentrace (say, of an earlier commit) exporting the same captures in
+    // the same run, for a before/after ratio on the same machine at the same load.
+    let before = std::env::var_os("FLEET_BEFORE_BIN").map(PathBuf::from);
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_agentrace"));
     let tmp = tempfile::tempdir().unwrap();
     let config = |dir: PathBuf, replica: &str| CaptureConfig {
         enabled: true,
@@ -582,50 +607,51 @@ async fn fleet_bench() {
         flush_interval_ms: 100,
         ..CaptureConfig::default()
     };
-    let fleet: Vec<PathBuf> = (0..replicas)
-        .map(|i| tmp.path().join("fleet").join(format!("replica-{i}")))
-        .collect();
-    let recorders: Vec<Recorder> = fleet
-        .iter()
-        .enumerate()
-        .map(|(i, d)| Recorder::start(&config(d.clone(), &format!("replica-{i}"))).unwrap())
-        .collect();
-    for wave in 0..waves {
-        record_sessions(&recorders, sessions, turns, wave).await;
-    }
-    for r in recorders {
-        let stats = r.stats();
-        assert_eq!(stats.records_dropped, 0, "{stats:?}");
-        r.finish().await;
-    }
-    let single = vec![tmp.path().join("single")];
-    let rec = Recorder::start(&config(single[0].clone(), "single")).unwrap();
-    for wave in 0..waves {
-        record_sessions(std::slice::from_ref(&rec), sessions, turns, wave).await;
-    }
-    assert_eq!(rec.stats().records_dropped, 0);
-    rec.finish().await;
-    println!(
-        "fleet: {waves} x {sessions} sessions x {turns} turns = {} exchanges: {replicas} replica directories of {} bytes vs one of {} bytes",
-        waves * sessions * turns,
-        dir_bytes(&tmp.path().join("fleet").join("replica-0"))
-            + dir_bytes(&tmp.path().join("fleet").join("replica-1"))
-            + dir_bytes(&tmp.path().join("fleet").join("replica-2")),
-        dir_bytes(&single[0])
-    );
-    for round in 0..2 {
-        let (fw, frss, fout) = timed_export(&fleet, &tmp.path().join("fleet.jsonl"));
-        let (sw, srss, sout) = timed_export(&single, &tmp.path().join("single.jsonl"));
-        if round == 0 {
-            print!("fleet export: {fout}one-directory export: {sout}");
+    for &replicas in &replica_counts {
+        let root = tmp.path().join(format!("fleet-{replicas}"));
+        let fleet: Vec<PathBuf> = (0..replicas)
+            .map(|i| root.join(format!("replica-{i}")))
+            .collect();
+        let recorders: Vec<Recorder> = fleet
+            .iter()
+            .enumerate()
+            .map(|(i, d)| Recorder::start(&config(d.clone(), &format!("replica-{i}"))).unwrap())
+            .collect();
+        for wave in 0..waves {
+            record_sessions(&recorders, sessions, turns, wave).await;
+        }
+        for r in recorders {
+            let stats = r.stats();
+            assert_eq!(stats.records_dropped, 0, "{stats:?}");
+            r.finish().await;
         }
         println!(
-            "fleet: round {round}: export of {replicas} directories {fw:.2} s, peak RSS {} MiB; one directory {sw:.2} s, peak RSS {} MiB; ratio time {:.2}, RSS {:.2}",
-            frss / 1024,
-            srss / 1024,
-            fw / sw,
-            frss as f64 / srss.max(1) as f64
+            "fleet: {waves} x {sessions} sessions x {turns} turns = {} exchanges over {replicas} replica directories of {} bytes",
+            waves * sessions * turns,
+            fleet.iter().map(|d| dir_bytes(d)).sum::<u64>()
         );
+        let out = root.join("export.jsonl");
+        for round in 0..2 {
+            let (w, rss, said) = timed_export(&current, &fleet, &out);
+            if round == 0 {
+                print!("fleet: {replicas} replicas: export: {said}");
+            }
+            let mut line = format!(
+                "fleet: {replicas} replicas: round {round}: export {w:.2} s, peak RSS {} MiB",
+                rss / 1024
+            );
+            if let Some(bin) = &before {
+                let (bw, brss, _) = timed_export(bin, &fleet, &out);
+                line += &format!(
+                    "; before {bw:.2} s, peak RSS {} MiB; ratio after/before time {:.2}, RSS {:.2}",
+                    brss / 1024,
+                    w / bw,
+                    rss as f64 / brss.max(1) as f64
+                );
+            }
+            println!("{line}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
 
