@@ -270,7 +270,7 @@ impl Exchange {
             return Err(unavailable("no endpoint is available"));
         }
         let source = key.as_ref().map_or(KeySource::None, |k| k.source);
-        inner.metrics().decision(source, decision.outcome);
+        inner.metrics().routed(source, &decision);
         Ok(Placed {
             endpoint: backend.url.server.authority.as_str().to_string(),
             key,
