@@ -399,7 +399,7 @@ impl Exchange {
             return Err(unavailable("no endpoint is available"));
         }
         let source = key.as_ref().map_or(KeySource::None, |k| k.source);
-        inner.metrics().decision(source, decision.outcome);
+        inner.metrics().routed(source, &decision);
         let endpoint = backend.url.server.authority.as_str().to_string();
         Ok(Placed {
             at: tokio::time::Instant::now(),

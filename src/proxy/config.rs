@@ -303,8 +303,9 @@ pub struct AffinityConfig {
     pub headers: Vec<String>,
     /// Without a header, key `POST …/chat/completions` by model + first system + first user message.
     pub fingerprint: bool,
-    /// A backend above this multiple of the pool's mean in-flight count takes no more sessions
-    /// beyond its share (0 turns the bound off).
+    /// A backend above this multiple of the pool's mean in-flight count (and at 4 or more)
+    /// takes no more new sessions; sessions with a cache never move for load (0 turns the
+    /// bound off).
     pub load_factor: f64,
     /// A session idle this long is forgotten (its binding, if any, is dropped).
     pub session_ttl_secs: u64,
@@ -327,9 +328,7 @@ pub struct AffinityConfig {
     /// turns this off).
     pub lost_cache_share: f64,
     /// Each backend's KV cache in tokens (a backend of weight `w` holds `w` times this), or 0
-    /// when unknown. Known, a session with a cache spills for the in-flight bound only off a
-    /// backend whose active context is over it: a spill costs the session its cache, and a
-    /// backend that holds its sessions' contexts drains its queue.
+    /// when unknown: where a session that lost its cache has room to move to.
     pub kv_cache_tokens: u64,
 }
 

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 mod sharded;
 use sharded::{Cells, DurationHistogram};
 
-use super::routing::{Outcome, Pool, SessionTable};
+use super::routing::{Decision, Outcome, Pool, SessionTable, MOVE_REASONS};
 use crate::capture::RecorderStats;
 use crate::tap::KeySource;
 
@@ -176,6 +176,8 @@ pub(crate) struct ProxyMetrics {
     decisions: Arc<Vec<Counter>>,
     /// What `decisions` show, counted per thread until a render.
     decision_counts: Arc<Cells>,
+    /// Known sessions moved off the backend holding their cache, by [`MOVE_REASONS`].
+    moves: Arc<Vec<Counter>>,
     /// Retries on another backend before any response byte, by [`RETRY_REASONS`].
     retries: Arc<Vec<Counter>>,
     /// Time the proxy adds: body received → request handed to the pool, plus response head
@@ -314,6 +316,18 @@ impl ProxyMetrics {
                 ));
             }
         }
+        let moves = MOVE_REASONS
+            .iter()
+            .map(|reason| {
+                r.register_counter(
+                    &key(
+                        "agentrace_affinity_moves_total",
+                        vec![Label::new("reason", reason.as_str())],
+                    ),
+                    &META,
+                )
+            })
+            .collect();
         let retries = RETRY_REASONS
             .iter()
             .map(|reason| {
@@ -384,6 +398,7 @@ impl ProxyMetrics {
             cancel_closes,
             decision_counts: Arc::new(Cells::new(decisions.len())),
             decisions: Arc::new(decisions),
+            moves: Arc::new(moves),
             retries: Arc::new(retries),
             overhead: Arc::new(DurationHistogram::new(OVERHEAD_BUCKETS)),
             backend_series: Arc::default(),
@@ -540,6 +555,15 @@ impl ProxyMetrics {
         let s = SOURCES.iter().position(|x| *x == source).unwrap_or(0);
         let o = OUTCOMES.iter().position(|x| *x == outcome).unwrap_or(0);
         self.decision_counts.add(s * OUTCOMES.len() + o, 1);
+    }
+
+    /// Counts one routing decision, and the move it made, if any.
+    pub(crate) fn routed(&self, source: KeySource, decision: &Decision) {
+        self.decision(source, decision.outcome);
+        if let Some(reason) = decision.moved {
+            let i = MOVE_REASONS.iter().position(|x| *x == reason).unwrap_or(0);
+            self.moves[i].increment(1);
+        }
     }
 
     /// Counts a response the proxy produced without a backend (413, 502, 503).
@@ -849,6 +873,11 @@ fn describe(r: &PrometheusRecorder) {
     d(
         "agentrace_affinity_decisions_total",
         "Routing decisions by key source and outcome.",
+        0,
+    );
+    d(
+        "agentrace_affinity_moves_total",
+        "Known sessions moved off the backend holding their cache, by reason (failed, removed, cache_lost, queue_wait).",
         0,
     );
     d(

@@ -6,6 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -26,7 +27,8 @@ pub(crate) struct Exchange {
     turn: Option<SessionTurn>,
     observer: Option<Box<dyn ExchangeObserver>>,
     sent_at: Instant,
-    got_first_byte: bool,
+    /// When the first body byte came (none yet).
+    first_byte_at: Option<Instant>,
     sse: bool,
     at_event_boundary: bool,
 }
@@ -67,16 +69,16 @@ impl SessionTurn {
     }
 
     /// The turn ends now (the table's marks go in the order they are made); its response
-    /// came complete from `complete_on`, if it did, and the usage that reported goes to the
-    /// table.
-    fn end(&mut self, complete_on: Option<&Arc<Backend>>) {
+    /// came complete from `complete_on`, if it did, its first byte `ttfb` after the request
+    /// went out, and the usage that reported goes to the table.
+    fn end(&mut self, complete_on: Option<&Arc<Backend>>, ttfb: Option<Duration>) {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
         let mut slot = self.view.sessions.slot(self.session, Instant::now());
         if let (Some(backend), Some((scan, lost_share))) = (complete_on, &self.cache) {
             if let Some(usage) = scan.usage() {
-                slot.report_cache(backend, usage, *lost_share);
+                slot.report_cache(backend, usage, *lost_share, ttfb);
             }
         }
         slot.end_turn();
@@ -85,15 +87,15 @@ impl SessionTurn {
 
 impl Drop for SessionTurn {
     fn drop(&mut self) {
-        self.end(None);
+        self.end(None, None);
     }
 }
 
-/// An exchange whose last bytes were handed to the client connection: it ends when the
-/// connection has written them ([`delivered`]), as the agent's wait before its next request
-/// starts there, not when this thread, which may then wait for a core, handed them on;
-/// dropped undelivered (a failed write, or the HTTP/2 path, which has no such hook), it ends
-/// as they were handed on.
+/// An exchange whose last bytes were handed to the client connection (no longer counted in
+/// flight): it ends when the connection has written them ([`delivered`]), as the agent's wait
+/// before its next request starts there, not when this thread, which may then wait for a
+/// core, handed them on; dropped undelivered (a failed write, or the HTTP/2 path, which has no
+/// such hook), it ends as they were handed on.
 struct Ending {
     exchange: Option<Exchange>,
     end: Option<ExchangeEnd>,
@@ -139,14 +141,17 @@ impl Exchange {
             turn,
             observer,
             sent_at,
-            got_first_byte: false,
+            first_byte_at: None,
             sse,
             at_event_boundary: true,
         }
     }
 
-    /// The last item went to the connection at `at`.
-    fn handed_on(self, end: ExchangeEnd, at: Instant) -> Ending {
+    /// The last item went to the connection at `at`. The request stops counting in flight
+    /// here, before the connection writes it: once written, the client may have sent its next
+    /// request, and must not find this one still counted.
+    fn handed_on(mut self, end: ExchangeEnd, at: Instant) -> Ending {
+        self.in_flight.release();
         Ending {
             exchange: Some(self),
             end: Some(end),
@@ -165,7 +170,8 @@ impl Exchange {
             .latency(now.duration_since(self.sent_at));
         if let Some(turn) = self.turn.as_mut() {
             let complete = matches!(end, ExchangeEnd::Complete);
-            turn.end(complete.then_some(self.in_flight.backend()));
+            let ttfb = self.first_byte_at.map(|t| t.duration_since(self.sent_at));
+            turn.end(complete.then_some(self.in_flight.backend()), ttfb);
         }
         if let Some(observer) = self.observer.take() {
             observer.end(end, now);
@@ -273,8 +279,8 @@ impl HttpBody for ObservedBody {
                 let mut read = None;
                 let mut now = || *read.get_or_insert_with(Instant::now);
                 if let Some(data) = frame.data_ref() {
-                    if !exchange.got_first_byte && !data.is_empty() {
-                        exchange.got_first_byte = true;
+                    if exchange.first_byte_at.is_none() && !data.is_empty() {
+                        exchange.first_byte_at = Some(now());
                         exchange
                             .in_flight
                             .backend()
@@ -303,7 +309,7 @@ impl HttpBody for ObservedBody {
             None => {
                 let exchange = this.exchange.take().expect("checked above");
                 let now = Instant::now();
-                if !exchange.got_first_byte {
+                if exchange.first_byte_at.is_none() {
                     exchange
                         .in_flight
                         .backend()
@@ -375,7 +381,112 @@ fn sse_error_event(message: &str, at_boundary: bool) -> Bytes {
 
 #[cfg(test)]
 mod tests {
+    use http::uri::PathAndQuery;
+    use http::Method;
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
     use super::*;
+    use crate::http1::WireFields;
+    use crate::proxy::config::{BackendUrl, UpstreamConfig};
+    use crate::proxy::fields::OutboundFields;
+    use crate::proxy::held_body::HeldBody;
+    use crate::proxy::pool::{connection_pool, UpstreamRequest};
+    use crate::proxy::routing::pool_of;
+
+    /// A backend that answers one request with `head` and `first`, then, once told, `rest`.
+    async fn two_part_backend(
+        head: &'static str,
+        first: &'static str,
+        rest: &'static str,
+    ) -> (BackendUrl, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = BackendUrl::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let (go, gone) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut read = Vec::new();
+            while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the request came whole");
+                read.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(format!("{head}{first}").as_bytes())
+                .await
+                .unwrap();
+            let _ = gone.await;
+            conn.write_all(rest.as_bytes()).await.unwrap();
+            let _ = conn.read(&mut buf).await;
+        });
+        (url, go)
+    }
+
+    /// A request stops counting in flight when its last bytes are handed to the client
+    /// connection, before that connection writes them: a client that reads its answer and
+    /// sends its next request at once never finds the previous one still counted. Until
+    /// then it counts, with a length and streamed alike.
+    #[tokio::test]
+    async fn a_request_stops_counting_as_its_last_bytes_go_to_the_client() {
+        let answers = [
+            (
+                "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n",
+                "hello",
+                "world",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                "5\r\nhello\r\n",
+                "5\r\nworld\r\n0\r\n\r\n",
+            ),
+        ];
+        for (head, first, rest) in answers {
+            let (url, go) = two_part_backend(head, first, rest).await;
+            let pool = pool_of(&["a"], 0.0);
+            let backend = pool.backends[0].clone();
+            let connections = Arc::new(connection_pool(&UpstreamConfig::default(), false).unwrap());
+            let headers = OutboundFields::new(WireFields::default(), &[], Vec::new());
+            let request = UpstreamRequest {
+                method: &Method::GET,
+                path_and_query: &PathAndQuery::from_static("/"),
+                headers: &headers,
+                body: &HeldBody::default(),
+                declare_length: false,
+                sent_at: Instant::now(),
+            };
+            let in_flight = InFlight::new(backend.clone());
+            let response = connections.send(&url, request).await.unwrap();
+            let exchange = Exchange::new(in_flight, None, None, Instant::now(), false);
+            let mut body = ObservedBody::new(response.body, None, exchange);
+            let frame = body.frame().await.unwrap().unwrap();
+            assert_eq!(frame.into_data().unwrap(), "hello");
+            assert_eq!(
+                backend.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                1,
+                "counted while the answer is under way ({head:?})"
+            );
+            go.send(()).unwrap();
+            let mut rest = Vec::new();
+            while !body.is_end_stream() {
+                match body.frame().await {
+                    Some(frame) => rest.extend_from_slice(&frame.unwrap().into_data().unwrap()),
+                    None => break,
+                }
+            }
+            assert_eq!(rest, b"world");
+            assert_eq!(
+                backend.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                0,
+                "handed on whole: no longer counted ({head:?})"
+            );
+            drop(body);
+            assert_eq!(
+                backend.in_flight.load(std::sync::atomic::Ordering::Relaxed),
+                0
+            );
+        }
+    }
 
     #[test]
     fn sse_error_event_is_a_complete_event() {

@@ -362,7 +362,7 @@ pub(crate) async fn forward(
                 "no backend is available",
             );
         };
-        inner.metrics.decision(key_source, decision.outcome);
+        inner.metrics.routed(key_source, &decision);
         // Borrowed from the worker's view; the one clone is the in-flight count's.
         let backend = &pool.backends[decision.index];
         let sent_at = Instant::now();

@@ -10,17 +10,24 @@
 //! prefixes. So a session's first turn stays with its first choice only while that backend
 //! holds at most `context_factor` times its share of the active context (the body bytes of
 //! sessions with a turn in flight or ended within the active window), else goes to whichever of its first `choices`
-//! rendezvous choices holds the least. On top sit a bounded-load escape on requests in flight
-//! and a session table that remembers, with an idle TTL and an LRU bound,
-//! every placement that differs from the plain hash, so a session stays with the cache it built.
-//! Sessions that started together grow apart, which no first-turn placement foresees: when a
-//! backend's reported usage shows it evicted a session's cache, the session's next turn moves
-//! to the backend holding the least active context among those it fits within, or, where
-//! none has room, joins the backend furthest over its KV cache, so the loss stays in one place.
+//! rendezvous choices holds the least. On top sit a bounded-load escape on requests in flight,
+//! for sessions with no cache yet, and a session table that remembers, with an idle TTL and an
+//! LRU bound, where every session is, so a session stays with the cache it built.
+//!
+//! A known session leaves a healthy backend only on evidence that staying costs more than a
+//! full prefill elsewhere, as moving throws its cache away: the backend failed or was
+//! removed; its reported usage shows it evicted the session's cache (the next turn then goes
+//! to the backend holding the least active context among those it fits within, or, where none
+//! has room, joins the backend furthest over its KV cache, so the loss stays in one place); or
+//! the queue wait its answers show is longer than the session's prefill elsewhere
+//! (`evidence`). Load alone is no evidence, nor is a KV cache of unknown size. Every move is
+//! counted with its reason. Draining stops new sessions only.
 //!
 //! Layout: `hash` (published hashes), `key` (session keys and turns), this file (backends,
-//! pool, decisions), `table` (the session table), `usage` (the cache a response reports).
+//! pool, decisions), `table` (the session table), `usage` (the cache a response reports),
+//! `evidence` (queue wait against prefill).
 
+mod evidence;
 mod hash;
 mod key;
 mod order;
@@ -42,6 +49,7 @@ use tokio::time::Instant;
 use super::config::{AffinityConfig, BackendUrl, HealthConfig, Policy};
 use super::metrics::BackendMetrics;
 
+pub(crate) use evidence::Waits;
 pub(crate) use hash::hash64;
 use hash::{rendezvous_draw, rendezvous_score};
 pub(crate) use key::{
@@ -53,26 +61,39 @@ pub(crate) use usage::UsageScan;
 // ---------------------------------------------------------------------------------------------
 // Backends and the pool
 
-/// Counts a request in flight on a backend until dropped (its response finished or was
-/// abandoned): what bounded load and the per-backend gauge read.
-pub(crate) struct InFlight(Arc<Backend>);
+/// Counts a request in flight on a backend until released (its response's last bytes went to
+/// the client) or dropped (abandoned): what bounded load and the per-backend gauge read.
+pub(crate) struct InFlight {
+    backend: Arc<Backend>,
+    counted: bool,
+}
 
 impl InFlight {
     /// Counts one more request on `backend`.
     pub(crate) fn new(backend: Arc<Backend>) -> Self {
         backend.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(backend)
+        Self {
+            backend,
+            counted: true,
+        }
     }
 
     /// The backend the request is counted on.
     pub(crate) fn backend(&self) -> &Arc<Backend> {
-        &self.0
+        &self.backend
+    }
+
+    /// The request no longer counts (once, however often called); the backend stays held.
+    pub(crate) fn release(&mut self) {
+        if std::mem::replace(&mut self.counted, false) {
+            self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.release();
     }
 }
 
@@ -117,6 +138,8 @@ pub(crate) struct Backend {
     pub health: Mutex<HealthCounters>,
     /// 5xx responses (or failed sends) in a row on the data path.
     pub consecutive_5xx: AtomicU32,
+    /// The queue wait and prefill rate its answers showed: evidence for moving a session.
+    pub waits: Waits,
     /// This backend's metric handles.
     pub metrics: BackendMetrics,
 }
@@ -150,6 +173,7 @@ impl Backend {
             draining: AtomicBool::new(false),
             health: Mutex::new(HealthCounters::default()),
             consecutive_5xx: AtomicU32::new(0),
+            waits: Waits::default(),
             metrics,
         }
     }
@@ -412,6 +436,40 @@ impl Outcome {
     }
 }
 
+/// Why a known session left the backend holding its cache (the `reason` label of the moves
+/// counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MoveReason {
+    /// Its backend is unhealthy, or failed this request.
+    Failed,
+    /// Its backend is no longer in the pool.
+    Removed,
+    /// Its backend's reported usage showed the session's cache evicted.
+    CacheLost,
+    /// Its backend's queue wait is longer than the session's prefill elsewhere.
+    QueueWait,
+}
+
+/// Every move reason, in the order the counter registers them.
+pub(crate) const MOVE_REASONS: [MoveReason; 4] = [
+    MoveReason::Failed,
+    MoveReason::Removed,
+    MoveReason::CacheLost,
+    MoveReason::QueueWait,
+];
+
+impl MoveReason {
+    /// Label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            MoveReason::Failed => "failed",
+            MoveReason::Removed => "removed",
+            MoveReason::CacheLost => "cache_lost",
+            MoveReason::QueueWait => "queue_wait",
+        }
+    }
+}
+
 /// Where one request goes.
 #[derive(Debug, Clone)]
 pub(crate) struct Decision {
@@ -421,6 +479,8 @@ pub(crate) struct Decision {
     pub outcome: Outcome,
     /// The session the table placed, when it did: what the response's usage reports on.
     pub session: Option<SessionId>,
+    /// Why the session left the backend the table had it on, when it did.
+    pub moved: Option<MoveReason>,
 }
 
 /// What the session table learns from a decision.
@@ -502,6 +562,7 @@ impl Router {
                 index,
                 outcome: Outcome::RoundRobin,
                 session: None,
+                moved: None,
             })
     }
 
@@ -521,6 +582,7 @@ impl Router {
                 index,
                 outcome: Outcome::LeastLoaded,
                 session: None,
+                moved: None,
             })
     }
 
@@ -537,26 +599,34 @@ impl Router {
         let id = self.sessions.id(key);
         // Read and written under one lock of the session's shard.
         let mut slot = self.sessions.slot(id, Instant::now());
-        let known = slot
-            .known(&pool.backends)
-            .map(|k| (k.index, k.pinned, k.cache_lost));
+        let known = slot.known(&pool.backends);
+        let removed = known.is_none() && slot.remembered();
 
-        // A known session stays where it is while that backend is healthy, even when draining:
-        // draining only stops new sessions. An unpinned entry follows the hash (a backend added
-        // since may have taken the key).
-        let sticky = known.filter(|&(i, pinned, _)| {
-            (pinned || i == plain)
-                && pool.backends[i].healthy.load(Ordering::Relaxed)
-                && !tried.contains(&i)
+        // A known session stays where it is while that backend is healthy, even when draining
+        // (draining only stops new sessions) and even when a backend added since has taken its
+        // key: only evidence moves it.
+        let stays = known.filter(|k| {
+            pool.backends[k.index].healthy.load(Ordering::Relaxed) && !tried.contains(&k.index)
         });
-        let moved = sticky
-            .filter(|&(_, _, lost)| lost && tried.is_empty())
-            .and_then(|(i, _, _)| new_home(pool, i, key.turn.context_bytes));
-        let (mut index, mut outcome) = match (moved, sticky) {
-            (Some(i), _) => (i, Outcome::Moved),
-            (None, Some((i, true, _))) => (i, Outcome::Bound),
-            (None, Some((i, false, _))) => (i, Outcome::Hash),
-            (None, None) => {
+        let (index, outcome, moved) = match stays {
+            Some(k) => {
+                let bytes = key.turn.context_bytes;
+                let lost = k
+                    .cache_lost
+                    .then(|| new_home(pool, k.index, bytes, tried))
+                    .flatten();
+                let queued = || evidence::cheaper_elsewhere(pool, k.index, bytes, tried);
+                if let Some(i) = lost {
+                    (i, Outcome::Moved, Some(MoveReason::CacheLost))
+                } else if let Some(i) = queued() {
+                    (i, Outcome::Moved, Some(MoveReason::QueueWait))
+                } else if k.index == plain {
+                    (k.index, Outcome::Hash, None)
+                } else {
+                    (k.index, Outcome::Bound, None)
+                }
+            }
+            None => {
                 let i = if Self::usable(pool, plain, tried) {
                     plain
                 } else {
@@ -572,13 +642,21 @@ impl Router {
                                 .find(|&i| Self::panic_usable(pool, i, tried))
                         })?
                 };
+                let moved = if known.is_some() {
+                    Some(MoveReason::Failed)
+                } else if removed {
+                    Some(MoveReason::Removed)
+                } else {
+                    None
+                };
                 // A session nobody has placed yet starts where the least context is held.
                 let fresh = known.is_none()
+                    && !removed
                     && tried.is_empty()
                     && i == plain
                     && !key.turn.continues
                     && pool.affinity.choices > 1;
-                if fresh {
+                let (mut i, mut outcome) = if fresh {
                     let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
                     let start = starting_backend(pool, ranked, key.turn.context_bytes);
                     let outcome = if start == plain {
@@ -591,25 +669,38 @@ impl Router {
                     (i, Outcome::Hash)
                 } else {
                     (i, Outcome::Failover)
+                };
+                // Bounded load, for a session with no cache anywhere yet: moving it costs
+                // nothing. A continuing conversation the table does not know has its cache
+                // where the hash put it.
+                if known.is_none() && !removed && !key.turn.continues {
+                    if let Some(limit) = load_limit(pool) {
+                        if pool.backends[i].load() + 1 > limit {
+                            let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
+                            if let Some(next) = ranked.iter().copied().find(|&j| {
+                                j != i
+                                    && Self::usable(pool, j, tried)
+                                    && pool.backends[j].load() < limit
+                            }) {
+                                i = next;
+                                outcome = Outcome::Spill;
+                            }
+                        }
+                    }
                 }
+                (i, outcome, moved)
             }
         };
 
-        // A session with no cache anywhere yet spills for the queue alone.
-        let cached = known.is_some() || key.turn.continues;
-        if let Some(limit) = load_limit(pool) {
-            if pool.backends[index].load() + 1 > limit && (!cached || over_memory(pool, index)) {
-                let ranked = ranking.get_or_insert_with(|| pool.ranking(key.hash));
-                if let Some(i) = ranked.iter().copied().find(|&i| {
-                    i != index && Self::usable(pool, i, tried) && pool.backends[i].load() < limit
-                }) {
-                    index = i;
-                    outcome = Outcome::Spill;
-                }
-            }
-        }
-
         if commit != Commit::Nothing {
+            if let Some(reason) = moved {
+                tracing::debug!(
+                    session = %format_args!("{:016x}", id.hash),
+                    to = %pool.backends[index].name,
+                    reason = reason.as_str(),
+                    "session moved"
+                );
+            }
             let pinned = index != plain;
             slot.place(
                 &pool.backends[index],
@@ -625,6 +716,7 @@ impl Router {
             index,
             outcome,
             session: Some(id),
+            moved,
         })
     }
 }
@@ -639,7 +731,7 @@ impl Router {
 /// - when none has room and `from` is over its own cache, to the backend furthest over its
 ///   cache, if further than `from`: the loss gathers where it already is, and the others shed
 ///   sessions until they fit again. Spreading it would push every backend past its size.
-fn new_home(pool: &Pool, from: usize, bytes: u64) -> Option<usize> {
+fn new_home(pool: &Pool, from: usize, bytes: u64, tried: &[usize]) -> Option<usize> {
     if pool.affinity.lost_cache_share <= 0.0 {
         return None;
     }
@@ -647,7 +739,7 @@ fn new_home(pool: &Pool, from: usize, bytes: u64) -> Option<usize> {
         pool.backends
             .iter()
             .enumerate()
-            .filter(move |&(i, b)| i != from && b.takes_new())
+            .filter(move |&(i, b)| i != from && b.takes_new() && !tried.contains(&i))
     };
     let with_room = others()
         .filter(|&(i, _)| has_room(pool, i, bytes))
@@ -715,14 +807,15 @@ fn has_room(pool: &Pool, i: usize, bytes: u64) -> bool {
     kv_cache_bytes(pool, i).is_none_or(|kv| pool.backends[i].held() + bytes as f64 <= kv)
 }
 
-/// Whether backend `i` holds more active context than its KV cache; always, when its size is
-/// unknown.
-fn over_memory(pool: &Pool, i: usize) -> bool {
-    kv_cache_bytes(pool, i).is_none_or(|kv| pool.backends[i].held() > kv)
-}
+/// Requests in flight below which a backend takes any new session, whatever the others carry:
+/// at low load `ceil(load_factor × average)` is 1 or 2, and a bound that low scatters new
+/// sessions off their hash for no queue at all (vLLM router's `balance_abs_threshold` and SMG's
+/// absolute balance threshold guard the same way).
+const SPILL_FLOOR: u64 = 4;
 
-/// The most requests a backend may have in flight before a session spills to its next choice:
-/// `ceil(load_factor × (in flight + 1) / backends taking new sessions)`.
+/// The most requests a backend may have in flight before a new session spills to its next
+/// choice: `ceil(load_factor × (in flight + 1) / backends taking new sessions)`, and never
+/// below [`SPILL_FLOOR`].
 fn load_limit(pool: &Pool) -> Option<u64> {
     let factor = pool.affinity.load_factor;
     if factor <= 0.0 {
@@ -736,5 +829,5 @@ fn load_limit(pool: &Pool) -> Option<u64> {
     if n == 0 {
         return None;
     }
-    Some((factor * (total + 1) as f64 / n as f64).ceil() as u64)
+    Some(((factor * (total + 1) as f64 / n as f64).ceil() as u64).max(SPILL_FLOOR))
 }

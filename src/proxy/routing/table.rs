@@ -67,8 +67,6 @@ struct Entry {
 pub(crate) struct Known {
     /// The index of the backend the table places it on.
     pub index: usize,
-    /// The placement overrides the plain hash.
-    pub pinned: bool,
     /// That backend no longer holds the session's cache.
     pub cache_lost: bool,
 }
@@ -390,9 +388,14 @@ impl Slot<'_> {
             .position(|b| Arc::ptr_eq(b, &entry.backend))?;
         Some(Known {
             index,
-            pinned: entry.pinned,
             cache_lost: entry.cache_lost,
         })
+    }
+
+    /// Whether the table has an entry for the session at all: after [`Slot::known`] found
+    /// none among the pool's backends, one on a backend since removed.
+    pub(crate) fn remembered(&self) -> bool {
+        self.shard.map.contains_key(&self.id)
     }
 
     /// Records a placement of a request of `bytes` and refreshes the session's last use.
@@ -486,12 +489,15 @@ impl Slot<'_> {
     /// backend still held the session's cache: a continuing turn there with fewer than
     /// `lost_share` of the previous turn's prompt tokens served from cache marks it lost (for
     /// the next turn to move), while the first turn on a backend only sets the expectation.
-    /// Usage from a backend the session has since left is ignored.
+    /// The backend also learns its queue wait from the answer's first byte, `ttfb` after the
+    /// request went out, when known. Usage from a backend the session has since left is
+    /// ignored.
     pub(crate) fn report_cache(
         &mut self,
         backend: &Arc<Backend>,
         usage: CacheUsage,
         lost_share: f64,
+        ttfb: Option<Duration>,
     ) {
         let Some(e) = self.shard.map.get_mut(&self.id) else {
             return;
@@ -500,6 +506,9 @@ impl Slot<'_> {
             return;
         }
         backend.learn_bytes_per_token(e.bytes, usage.prompt_tokens);
+        if let Some(ttfb) = ttfb {
+            backend.waits.learn(usage, ttfb);
+        }
         if let Some(previous) = e.prompt_tokens {
             e.cache_lost = (usage.cached_tokens as f64) < lost_share * previous as f64;
         }
