@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs the demo and photographs its index.html in headless Chromium (Debian: chromium), for
-# docs/demo-page.png. The page loads from disk with the network off; the command fails if the
+# docs/src/getting-started/demo-page.png. The page loads from disk with the network off; the command fails if the
 # browser logs any console message.
 #
-# Usage: scripts/demo-screenshot.sh [OUT_PNG] [-- DEMO FLAGS]   (default docs/demo-page.png)
+# Usage: scripts/demo-screenshot.sh [OUT_PNG] [-- DEMO FLAGS]   (default docs/src/getting-started/demo-page.png)
 # AGENTRACE_BIN runs a binary already built instead of `cargo run --release`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-png="docs/demo-page.png"
+png="docs/src/getting-started/demo-page.png"
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then png="$1"; shift; fi
 [ "${1:-}" = "--" ] && shift
 browser="${AGENTRACE_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}"

@@ -1,6 +1,6 @@
 //! The standard set and the dataset tools: `synth` is deterministic and meets its targets
 //! (490 + 500 trajectories, id shapes, validity, workflow prefix sharing, coding context
-//! tail, the SHA-256 recorded in datasets/README.md); `stats` reads the public sample as
+//! tail, the SHA-256 recorded in docs/src/replay/datasets.md); `stats` reads the public sample as
 //! measured; `convert-snapshot` rebuilds the histories it was given; the CLI's exit codes.
 
 mod support;
@@ -36,7 +36,7 @@ fn synth_is_deterministic_for_a_seed() {
 }
 
 // The standard set: composition, ids, validity, the KV-capacity tail of coding traces, the
-// shared prefix of workflow traces, intent ground truth, and the SHA-256 the README records.
+// shared prefix of workflow traces, intent ground truth, and the SHA-256 the datasets page records.
 #[test]
 fn standard_set_meets_its_targets_and_matches_the_recorded_sha256() {
     let dir = tempfile::tempdir().unwrap();
@@ -44,12 +44,14 @@ fn standard_set_meets_its_targets_and_matches_the_recorded_sha256() {
     ensure_standard_set(&path).unwrap();
     let ds = load(&path, &LoadOptions::default()).unwrap();
 
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/datasets/README.md"))
-            .unwrap();
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/replay/datasets.md"
+    ))
+    .unwrap();
     assert!(
-        readme.contains(&ds.sha256),
-        "datasets/README.md must record sha256 {}",
+        page.contains(&ds.sha256),
+        "docs/src/replay/datasets.md must record sha256 {}",
         ds.sha256
     );
 

@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod capture;
 pub mod dataset;
+pub mod docs;
 pub mod engine;
 pub mod envoy;
 pub mod epp;
