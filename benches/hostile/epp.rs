@@ -245,12 +245,14 @@ pub async fn idle_conns(ctx: &Ctx, bin: &Path, mut run: Run) -> Run {
     }
     run.num("connections opened", conns.len() as f64, "");
     tokio::time::sleep(Duration::from_secs_f64(ctx.args.idle_secs)).await;
-    // Open: nothing to read (a closed one reads its end at once).
+    // Open: nothing to read, or the server's HTTP/2 SETTINGS; closed: its end or a reset.
     let mut open = 0;
     for c in &conns {
-        let readable = tokio::time::timeout(Duration::from_millis(1), c.readable()).await;
-        if readable.is_err() {
-            open += 1;
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(1), c.peek(&mut b)).await {
+            Err(_) => open += 1,
+            Ok(Ok(n)) if n > 0 => open += 1,
+            Ok(_) => {}
         }
     }
     run.num("still open after the hold", open as f64, "");
