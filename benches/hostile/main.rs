@@ -15,6 +15,7 @@
 //! `--serve-backends`).
 
 mod backends;
+mod epp;
 mod h2;
 mod http1;
 mod offline;
@@ -31,7 +32,7 @@ use backends::Backends;
 use report::Run;
 
 /// Every attack, in the order they run.
-const ATTACKS: [&str; 10] = [
+const ATTACKS: [&str; 16] = [
     "session-keys",
     "big-bodies",
     "interim-storm",
@@ -42,6 +43,12 @@ const ATTACKS: [&str; 10] = [
     "tls-handshakes",
     "replay-endless-sse",
     "validate-long-line",
+    "epp-idle-conns",
+    "epp-fd-limit",
+    "epp-big-bodies",
+    "epp-unanswered",
+    "epp-malformed",
+    "epp-sequential",
 ];
 
 /// Flags; each knob's default is the figure the attack's issue measured where the machine
@@ -325,6 +332,16 @@ async fn run_attack(ctx: &Ctx, attack: &str, bin: &Path, run: Run) -> Run {
         "tls-handshakes" => tls::handshakes(ctx, bin, run).await,
         "replay-endless-sse" => offline::replay_endless_sse(ctx, bin, run).await,
         "validate-long-line" => offline::validate_long_line(ctx, bin, run).await,
+        "epp-idle-conns" => epp::idle_conns(ctx, bin, run).await,
+        "epp-fd-limit" => epp::fd_limit(ctx, bin, run).await,
+        "epp-big-bodies" => epp::big_bodies(ctx, bin, run).await,
+        "epp-unanswered" => {
+            // The branch point has no epp.in_flight_max_ms (and refuses unknown keys).
+            let knows = run.label != "before";
+            epp::unanswered(ctx, bin, run, knows).await
+        }
+        "epp-malformed" => epp::malformed(ctx, bin, run).await,
+        "epp-sequential" => epp::sequential(ctx, bin, run).await,
         other => unreachable!("attack {other}"),
     }
 }
@@ -372,6 +389,18 @@ fn title(attack: &str, a: &Args) -> String {
             "validate-long-line: dataset validate on a {} MiB file without a newline",
             a.long_line_mib
         ),
+        "epp-idle-conns" => format!(
+            "epp-idle-conns: {} connections to the picker's gRPC port, held idle {} s",
+            report::fmt_num(a.idle_conns as f64), a.idle_secs
+        ),
+        "epp-fd-limit" => "epp-fd-limit: the picker under RLIMIT_NOFILE 256, 400 connections opened, 5 s watched".to_string(),
+        "epp-big-bodies" => format!(
+            "epp-big-bodies: 8 ext_proc streams each sending a {} MiB body (full-duplex, 1 MiB chunks), held open",
+            a.big_body_mib
+        ),
+        "epp-unanswered" => "epp-unanswered: 400 streams placed and never answered (after: epp.in_flight_max_ms = 5000)".to_string(),
+        "epp-malformed" => "epp-malformed: seven kinds of malformed ext_proc message over raw HTTP/2".to_string(),
+        "epp-sequential" => "epp-sequential: 200 sequential ext_proc exchanges from a client that does not re-arm TCP_QUICKACK".to_string(),
         _ => attack.to_string(),
     }
 }
