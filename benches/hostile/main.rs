@@ -19,6 +19,7 @@ mod h2;
 mod http1;
 mod offline;
 mod peer;
+mod pool;
 mod probe;
 mod procfs;
 mod proxy;
@@ -31,7 +32,7 @@ use backends::Backends;
 use report::Run;
 
 /// Every attack, in the order they run.
-const ATTACKS: [&str; 10] = [
+const ATTACKS: [&str; 13] = [
     "session-keys",
     "big-bodies",
     "interim-storm",
@@ -42,6 +43,9 @@ const ATTACKS: [&str; 10] = [
     "tls-handshakes",
     "replay-endless-sse",
     "validate-long-line",
+    "pool-rewatch",
+    "pool-bookmarks",
+    "pool-metrics",
 ];
 
 /// Flags; each knob's default is the figure the attack's issue measured where the machine
@@ -78,6 +82,10 @@ pub struct Args {
     pub sse_secs: f64,
     pub long_line_mib: usize,
     pub validate_timeout_secs: f64,
+    /// Ready pods in the `pool-*` attacks' InferencePool.
+    pub pool_pods: usize,
+    /// How long the `pool-*` attacks watch the picker.
+    pub pool_secs: f64,
 }
 
 fn parse_args() -> Args {
@@ -112,6 +120,8 @@ fn parse_args() -> Args {
         sse_secs: 10.0,
         long_line_mib: 512,
         validate_timeout_secs: 120.0,
+        pool_pods: 10_000,
+        pool_secs: 10.0,
     };
     let mut scale = 1.0f64;
     let mut it = std::env::args().skip(1);
@@ -155,6 +165,8 @@ fn parse_args() -> Args {
             "--sse-secs" => num!(a.sse_secs),
             "--long-line-mib" => num!(a.long_line_mib),
             "--validate-timeout-secs" => num!(a.validate_timeout_secs),
+            "--pool-pods" => num!(a.pool_pods),
+            "--pool-secs" => num!(a.pool_secs),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -165,6 +177,7 @@ fn parse_args() -> Args {
         &mut a.idle_conns,
         &mut a.h2_idle_conns,
         &mut a.long_line_mib,
+        &mut a.pool_pods,
     ] {
         *n = ((*n as f64 * scale).round() as usize).max(1);
     }
@@ -325,6 +338,9 @@ async fn run_attack(ctx: &Ctx, attack: &str, bin: &Path, run: Run) -> Run {
         "tls-handshakes" => tls::handshakes(ctx, bin, run).await,
         "replay-endless-sse" => offline::replay_endless_sse(ctx, bin, run).await,
         "validate-long-line" => offline::validate_long_line(ctx, bin, run).await,
+        "pool-rewatch" => pool::rewatch(ctx, bin, run).await,
+        "pool-bookmarks" => pool::bookmarks(ctx, bin, run).await,
+        "pool-metrics" => pool::metrics(ctx, bin, run).await,
         other => unreachable!("attack {other}"),
     }
 }
@@ -371,6 +387,18 @@ fn title(attack: &str, a: &Args) -> String {
         "validate-long-line" => format!(
             "validate-long-line: dataset validate on a {} MiB file without a newline",
             a.long_line_mib
+        ),
+        "pool-rewatch" => format!(
+            "pool-rewatch: epp over an InferencePool whose API server ends every watch at once, watched {} s",
+            a.pool_secs
+        ),
+        "pool-bookmarks" => format!(
+            "pool-bookmarks: epp over {} ready pods; a placement probe at {} req/s for {} s quiet, then {} s of a BOOKMARK storm",
+            report::fmt_num(a.pool_pods as f64), a.probe_rate, a.pool_secs / 2.0, a.pool_secs
+        ),
+        "pool-metrics" => format!(
+            "pool-metrics: epp over {} ready pods, /metrics scraped 3 times",
+            report::fmt_num(a.pool_pods as f64)
         ),
         _ => attack.to_string(),
     }
