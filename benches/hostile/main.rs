@@ -20,6 +20,7 @@ mod h2;
 mod http1;
 mod offline;
 mod peer;
+mod pool;
 mod probe;
 mod procfs;
 mod proxy;
@@ -32,7 +33,7 @@ use backends::Backends;
 use report::Run;
 
 /// Every attack, in the order they run.
-const ATTACKS: [&str; 16] = [
+const ATTACKS: [&str; 19] = [
     "session-keys",
     "big-bodies",
     "interim-storm",
@@ -49,6 +50,9 @@ const ATTACKS: [&str; 16] = [
     "epp-unanswered",
     "epp-malformed",
     "epp-sequential",
+    "pool-rewatch",
+    "pool-bookmarks",
+    "pool-metrics",
 ];
 
 /// Flags; each knob's default is the figure the attack's issue measured where the machine
@@ -85,6 +89,10 @@ pub struct Args {
     pub sse_secs: f64,
     pub long_line_mib: usize,
     pub validate_timeout_secs: f64,
+    /// Ready pods in the `pool-*` attacks' InferencePool.
+    pub pool_pods: usize,
+    /// How long the `pool-*` attacks watch the picker.
+    pub pool_secs: f64,
 }
 
 fn parse_args() -> Args {
@@ -119,6 +127,8 @@ fn parse_args() -> Args {
         sse_secs: 10.0,
         long_line_mib: 512,
         validate_timeout_secs: 120.0,
+        pool_pods: 10_000,
+        pool_secs: 10.0,
     };
     let mut scale = 1.0f64;
     let mut it = std::env::args().skip(1);
@@ -162,6 +172,8 @@ fn parse_args() -> Args {
             "--sse-secs" => num!(a.sse_secs),
             "--long-line-mib" => num!(a.long_line_mib),
             "--validate-timeout-secs" => num!(a.validate_timeout_secs),
+            "--pool-pods" => num!(a.pool_pods),
+            "--pool-secs" => num!(a.pool_secs),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -172,6 +184,7 @@ fn parse_args() -> Args {
         &mut a.idle_conns,
         &mut a.h2_idle_conns,
         &mut a.long_line_mib,
+        &mut a.pool_pods,
     ] {
         *n = ((*n as f64 * scale).round() as usize).max(1);
     }
@@ -342,6 +355,9 @@ async fn run_attack(ctx: &Ctx, attack: &str, bin: &Path, run: Run) -> Run {
         }
         "epp-malformed" => epp::malformed(ctx, bin, run).await,
         "epp-sequential" => epp::sequential(ctx, bin, run).await,
+        "pool-rewatch" => pool::rewatch(ctx, bin, run).await,
+        "pool-bookmarks" => pool::bookmarks(ctx, bin, run).await,
+        "pool-metrics" => pool::metrics(ctx, bin, run).await,
         other => unreachable!("attack {other}"),
     }
 }
@@ -401,6 +417,18 @@ fn title(attack: &str, a: &Args) -> String {
         "epp-unanswered" => "epp-unanswered: 400 streams placed and never answered (after: epp.in_flight_max_ms = 5000)".to_string(),
         "epp-malformed" => "epp-malformed: seven kinds of malformed ext_proc message over raw HTTP/2".to_string(),
         "epp-sequential" => "epp-sequential: 200 sequential ext_proc exchanges from a client that does not re-arm TCP_QUICKACK".to_string(),
+        "pool-rewatch" => format!(
+            "pool-rewatch: epp over an InferencePool whose API server ends every watch at once, watched {} s",
+            a.pool_secs
+        ),
+        "pool-bookmarks" => format!(
+            "pool-bookmarks: epp over {} ready pods; a placement probe at {} req/s for {} s quiet, then {} s of a BOOKMARK storm",
+            report::fmt_num(a.pool_pods as f64), a.probe_rate, a.pool_secs / 2.0, a.pool_secs
+        ),
+        "pool-metrics" => format!(
+            "pool-metrics: epp over {} ready pods, /metrics scraped 3 times",
+            report::fmt_num(a.pool_pods as f64)
+        ),
         _ => attack.to_string(),
     }
 }
