@@ -5,7 +5,7 @@
 //! socket gets `TCP_NODELAY` (with Nagle on, a small reply waits for the gateway's delayed
 //! ACK, ~40 ms a message); connections past `epp.max_connections` are closed at once; a
 //! connection that reads nothing with no ext_proc stream open for `epp.idle_timeout_ms` is
-//! closed; accept errors (out of descriptors) back off instead of spinning, with a log line.
+//! closed, and one that has not yet opened a stream after 10 s of silence; accept errors (out of descriptors) back off instead of spinning, with a log line.
 
 use std::future::Future;
 use std::io;
@@ -31,6 +31,10 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Refusals of one kind logged at most this often (each is counted in the metric).
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// The idle timeout of a connection that has not yet opened an ext_proc stream, when shorter
+/// than `epp.idle_timeout_ms`: the gateway opens one as soon as it connects, so silent
+/// connections that never do cannot hold `epp.max_connections` against it for long.
+const IDLE_BEFORE_FIRST_STREAM: Duration = Duration::from_secs(10);
 
 /// What bounds the listener.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +53,8 @@ pub(crate) struct ConnState {
     pub(crate) peer: SocketAddr,
     /// ext_proc streams open: the connection is not idle while one is.
     streams: AtomicUsize,
+    /// An ext_proc stream was opened: from then on the full idle timeout applies.
+    streamed: AtomicBool,
     /// A refusal on this connection was logged: one line per connection, not per message.
     logged: AtomicBool,
 }
@@ -58,6 +64,7 @@ impl ConnState {
         Arc::new(Self {
             peer,
             streams: AtomicUsize::new(0),
+            streamed: AtomicBool::new(false),
             logged: AtomicBool::new(false),
         })
     }
@@ -65,6 +72,7 @@ impl ConnState {
     /// Counts a stream open until the guard drops.
     pub(crate) fn stream_opened(self: &Arc<Self>) -> OpenStream {
         self.streams.fetch_add(1, Ordering::Relaxed);
+        self.streamed.store(true, Ordering::Relaxed);
         OpenStream(self.clone())
     }
 
@@ -103,6 +111,15 @@ impl Conn {
         self.stream.nodelay().unwrap_or(false)
     }
 
+    /// The idle timeout that applies now.
+    fn idle_timeout(&self) -> Duration {
+        if self.state.streamed.load(Ordering::Relaxed) {
+            self.idle_after
+        } else {
+            self.idle_after.min(IDLE_BEFORE_FIRST_STREAM)
+        }
+    }
+
     /// Polls the idle timer: an error once the connection has been idle for the timeout.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         while self.idle.as_mut().poll(cx).is_ready() {
@@ -116,7 +133,7 @@ impl Conn {
                 ));
             }
             self.read_since = false;
-            let next = Instant::now() + self.idle_after;
+            let next = Instant::now() + self.idle_timeout();
             self.idle.as_mut().reset(next);
         }
         Ok(())
@@ -275,7 +292,9 @@ async fn accept_loop(
             stream,
             state: ConnState::new(peer),
             idle_after: limits.idle,
-            idle: Box::pin(tokio::time::sleep(limits.idle)),
+            idle: Box::pin(tokio::time::sleep(
+                limits.idle.min(IDLE_BEFORE_FIRST_STREAM),
+            )),
             read_since: false,
             metrics: metrics.clone(),
             _permit: permit,
@@ -375,5 +394,21 @@ mod tests {
         let _open = conn.state.stream_opened();
         let read = tokio::time::timeout(Duration::from_millis(800), conn.read(&mut buf)).await;
         assert!(read.is_err(), "still waiting for bytes: {read:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_connection_that_never_opened_a_stream_closes_before_the_idle_timeout() {
+        let limits = Limits {
+            max_connections: 4,
+            idle: Duration::from_secs(300),
+        };
+        let (addr, mut conns, _stop) = listening(limits).await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = conns.next().await.unwrap().unwrap();
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(IDLE_BEFORE_FIRST_STREAM * 3, conn.read(&mut buf))
+            .await
+            .expect("closed well before epp.idle_timeout_ms");
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::TimedOut);
     }
 }
