@@ -6,9 +6,11 @@
 # moves (turns the proxy sent elsewhere than the session's previous turn, from its capture)
 # and how many of the two servers' KV cache sizes the proxy knew when the replay started.
 #
-#   scripts/bench-real-engine.sh [CONVERSATIONS=6] [RUNS=3] [CONCURRENCY=4]
+#   scripts/bench-real-engine.sh [CONVERSATIONS=6] [RUNS=3] [CONCURRENCY=4] [SYSTEM_CHARS]
 #
-# Each server gets CONCURRENCY/2 slots (rounded up) of 24576 tokens each.
+# Each server gets CONCURRENCY/2 slots (rounded up) of 24576 tokens each. SYSTEM_CHARS cuts each
+# conversation's system prompt (35 KB in the synthetic workflow set) to its first that many
+# characters, for a machine too slow or too busy to prefill it under round-robin.
 #
 # AGENTRACE=path/to/agentrace picks the binary (default: target/release/agentrace, built).
 set -euo pipefail
@@ -16,6 +18,7 @@ cd "$(dirname "$0")/.."
 convs="${1:-6}"
 runs="${2:-3}"
 concurrency="${3:-4}"
+system_chars="${4:-}"
 slots=$(( (concurrency + 1) / 2 ))
 cache="${AGENTRACE_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrace/real-engine}"
 if [ ! -f "$cache/env" ]; then
@@ -87,6 +90,18 @@ prompt_tokens() {
 }
 
 "$bin" dataset synth --coding 0 --workflow "$convs" --out "$work/workflow.jsonl" >/dev/null
+if [ -n "$system_chars" ]; then
+    python3 - "$work/workflow.jsonl" "$system_chars" <<'PY'
+import json, sys
+path, keep = sys.argv[1], int(sys.argv[2])
+rows = [json.loads(line) for line in open(path)]
+for row in rows:
+    if isinstance(row.get("system"), str):
+        row["system"] = row["system"][:keep]
+with open(path, "w") as out:
+    out.writelines(json.dumps(row) + "\n" for row in rows)
+PY
+fi
 cat >"$work/replay.toml" <<TOML
 [model_params]
 name = "tiny"
