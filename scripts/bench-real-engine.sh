@@ -48,7 +48,9 @@ start_engine() {
     "$AGENTRACE_LLAMA_SERVER" --model "$AGENTRACE_TINY_GGUF" --host 127.0.0.1 --port 0 \
         --jinja --metrics --parallel "$slots" --ctx-size $(( 24576 * slots )) --threads 1 --alias tiny \
         >"$1" 2>&1 &
-    pids+=($!)
+    # Called in a command substitution, whose `pids` the script never sees: the caller reads
+    # the PID from here, so every server is stopped with the run.
+    echo $! >"$1.pid"
     local addr
     addr="$(address_in_log "$1" "listening on http://")"
     until curl -fs "http://$addr/health" >/dev/null; do sleep 0.1; done
@@ -114,6 +116,7 @@ for policy in session round_robin; do
     for run in $(seq "$runs"); do
         a="$(start_engine "$work/a.log")"
         b="$(start_engine "$work/b.log")"
+        pids+=("$(cat "$work/a.log.pid")" "$(cat "$work/b.log.pid")")
         capture="$work/capture-$policy-$run"
         "$bin" proxy --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --policy "$policy" \
             --backend "a=http://$a" --backend "b=http://$b" --capture "$capture" \
