@@ -51,10 +51,15 @@ if [ ! -x "$server" ]; then
         tar -xzf "$src/$sdist" -C "$src"
     fi
     llama="$src/llama_cpp_python-$version/vendor/llama.cpp"
+    # Only what llama-server needs: no tests, examples or web UI, no download or TLS
+    # support, no ccache lookup. GGML_NATIVE=OFF builds for the AVX2 baseline instead of
+    # asking the build machine which instructions it has, so a cached server runs on any
+    # runner the cache is restored to.
     "$cache/venv/bin/cmake" -S "$llama" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
-        -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF >"$cache/cmake-configure.log" 2>&1 ||
+        -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF \
+        >"$cache/cmake-configure.log" 2>&1 ||
         { tail -20 "$cache/cmake-configure.log" >&2; echo "real-engine.sh: cmake configure failed ($cache/cmake-configure.log)" >&2; exit 1; }
     "$cache/venv/bin/cmake" --build "$cache/build" --target llama-server \
         -j "$(nproc)" >"$cache/cmake-build.log" 2>&1 ||

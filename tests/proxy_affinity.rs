@@ -401,27 +401,40 @@ async fn a_turn_in_flight_holds_its_context_past_the_active_window_until_it_ends
     proxy.shutdown().await;
 }
 
-/// A backend whose `/metrics` states no KV cache size (a chat completion on every path) or has
-/// none (404) is asked once, not on every health probe.
+/// A backend that states no KV cache size at any of the paths engines use (a chat completion on
+/// every path) or has none of them (404) is asked at each once, not on every health probe; one
+/// whose answers fail (500) is asked for a bounded number of probes, then taken as unknown.
 #[tokio::test]
 async fn a_backend_without_a_kv_cache_size_is_asked_for_it_once() {
-    for mode in [Mode::Json, Mode::Status(404)] {
+    // The paths asked: /metrics, /get_server_info, /props, /slots.
+    const PATHS: u64 = 4;
+    // Probes with a failed answer before the size is taken as unknown.
+    const FAILED_ROUNDS: u64 = 5;
+    for (mode, asked) in [
+        (Mode::Json, PATHS),
+        (Mode::Status(404), PATHS),
+        (Mode::Status(500), PATHS * FAILED_ROUNDS),
+    ] {
         let plain = TestBackend::spawn_with("plain", mode.clone()).await;
         let mut config = config_for(&[&plain]);
         config.health.interval_ms = 20;
         config.health.timeout_ms = 20;
         let proxy = start_proxy(config).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while plain.probes() < 10 {
+        while plain.probes() < 2 * FAILED_ROUNDS {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "10 probes did not come in 10 s"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(plain.hits(), 1, "{mode:?}: requests other than probes");
+        assert_eq!(plain.hits(), asked, "{mode:?}: requests other than probes");
         let backends = admin_json(&client(), &proxy, "/admin/backends").await;
         assert_eq!(backends["backends"][0]["kv_cache_tokens"], 0, "{backends}");
+        assert_eq!(
+            backends["backends"][0]["kv_cache_source"], "unknown",
+            "{backends}"
+        );
         proxy.shutdown().await;
     }
 }

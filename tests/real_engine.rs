@@ -379,3 +379,100 @@ async fn a_server_killed_mid_run_costs_only_its_turns_in_flight() {
     assert_eq!(s.turns_ok + s.failures, 60, "{s:?}");
     assert!(s.turns_ok >= 15 * (4 - in_flight), "{s:?}");
 }
+
+/// The proxy's view of its backends, from its admin API.
+async fn admin_backends(admin: std::net::SocketAddr) -> Value {
+    let client = support::capture::client();
+    let req = http::Request::get(format!("http://{admin}/admin/backends"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    serde_json::from_slice(&body).unwrap()
+}
+
+// Two servers with four slots each and eight conversations at once through the proxy: the
+// proxy reads each server's KV cache size from its /props (context per slot × slots) before
+// the first turn, and with it no turn of a session goes anywhere but where the session's
+// earlier turns went, as the captured exchanges show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_concurrency_8_the_kv_size_comes_from_props_and_no_session_moves() {
+    const SLOTS: usize = 4;
+    let Some((server, model)) = artefacts("at_concurrency_8_no_session_moves") else {
+        return;
+    };
+    let engines = [
+        Engine::start(&server, &model, SLOTS).await,
+        Engine::start(&server, &model, SLOTS).await,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("capture");
+    let mut config = support::capture::proxy_config(&[engines[0].addr, engines[1].addr]);
+    config.capture = support::capture::config(&capture);
+    config.health.interval_ms = 500;
+    config.health.timeout_ms = 500;
+    // A probe slowed by a loaded machine must not eject a server: moves are the subject here.
+    config.health.unhealthy_threshold = 1_000;
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+
+    // Engine::start gives each slot 8192 tokens of context.
+    let per_server = 8192 * SLOTS as u64;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let view = admin_backends(proxy.admin_addr).await;
+        let backends = view["backends"].as_array().unwrap();
+        let known = backends.iter().all(|b| {
+            b["kv_cache_tokens"] == per_server && b["kv_cache_source"] == "llama.cpp /props"
+        });
+        if known {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after 20 s the proxy does not know the servers hold {per_server} tokens each: {view}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    let out = tempfile::tempdir().unwrap();
+    let s = agentrace::replay::run(
+        replay_config(&format!("http://{}", proxy.addr), 8),
+        conversations(8, 8),
+        out.path(),
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (s.turns_ok, s.failures),
+        (64, 0),
+        "{:?}",
+        failure_reasons(out.path())
+    );
+    stop.fire();
+    proxy.join().await;
+
+    let exchanges = support::capture::read_by_arrival(&capture).exchanges;
+    assert_eq!(exchanges.len(), 64);
+    let mut home = std::collections::HashMap::new();
+    let mut moves = Vec::new();
+    for e in &exchanges {
+        let session = e
+            .record
+            .session
+            .clone()
+            .expect("the replayer names each session");
+        let backend = e.record.backend.clone();
+        if let Some(before) = home.insert(session.clone(), backend.clone()) {
+            if before != backend {
+                moves.push(format!("{session}: {before} -> {backend}"));
+            }
+        }
+    }
+    assert_eq!(home.len(), 8);
+    assert!(moves.is_empty(), "sessions moved: {moves:?}");
+}

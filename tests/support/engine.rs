@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The server binary and the model, from `AGENTRACE_LLAMA_SERVER` / `AGENTRACE_TINY_GGUF` or
-/// the `env` file the script writes in its cache; `None` (with a visible skip line) if absent.
+/// the `env` file the script writes in its cache; `None` (with a visible skip line) if absent,
+/// unless `AGENTRACE_REQUIRE_REAL_ENGINE` is set (as CI sets it): then the test fails.
 pub fn artefacts(test: &str) -> Option<(PathBuf, PathBuf)> {
     let from_env = || {
         Some((
@@ -35,6 +36,10 @@ pub fn artefacts(test: &str) -> Option<(PathBuf, PathBuf)> {
     };
     match from_env().or_else(from_cache) {
         Some((server, model)) if server.is_file() && model.is_file() => Some((server, model)),
+        _ if std::env::var_os("AGENTRACE_REQUIRE_REAL_ENGINE").is_some() => panic!(
+            "{test}: AGENTRACE_REQUIRE_REAL_ENGINE is set but no llama-server is built \
+             (scripts/real-engine.sh, or AGENTRACE_LLAMA_SERVER and AGENTRACE_TINY_GGUF)"
+        ),
         _ => {
             super::skip(
                 test,
