@@ -65,8 +65,10 @@ pub(crate) enum CaptureCommand {
         /// history's growth where start times within this disagree with it.
         #[arg(long, default_value_t = export::DEFAULT_MAX_SKEW_MS)]
         max_skew_ms: u64,
-        /// MiB of turns (and of rows) held in memory; beyond it they are sorted into spill
-        /// files beside --out, so memory stays bounded however large the capture.
+        /// MiB the whole export holds in memory, however many replicas it reads: turns being
+        /// sorted, rows waiting and the replicas' delta bases share it; beyond their shares
+        /// they go to spill files beside --out, so memory stays bounded however large the
+        /// capture or the fleet.
         #[arg(long, default_value_t = (export::DEFAULT_SORT_BUFFER_BYTES >> 20) as u64,
               value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
         sort_buffer_mb: u64,

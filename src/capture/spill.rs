@@ -159,7 +159,16 @@ pub(crate) struct Sorter {
     peak: usize,
     buf: Vec<Spilled>,
     runs: Vec<PathBuf>,
+    /// Run files made so far (spilled from the buffer or merged from other runs).
+    files: usize,
+    /// Runs spilled from the buffer.
+    spilled: usize,
 }
+
+/// Most runs read at once: each open run holds a zstd decoder's window and a read buffer
+/// (about 0.6 MiB), so a capture many times the budget is merged in passes of this many runs
+/// rather than with one decoder per run, which would grow with the capture.
+const MAX_OPEN_RUNS: usize = 16;
 
 impl Sorter {
     /// A sorter for the export to `out`, holding up to `budget` bytes of turns.
@@ -171,6 +180,8 @@ impl Sorter {
             peak: 0,
             buf: Vec::new(),
             runs: Vec::new(),
+            files: 0,
+            spilled: 0,
         }
     }
 
@@ -198,43 +209,47 @@ impl Sorter {
 
     fn spill(&mut self) -> Result<(), CaptureError> {
         self.buf.sort_unstable_by(|a, b| a.order().cmp(&b.order()));
-        let (path, file) = self
-            .dir
-            .create(&format!("run-{:06}.zst", self.runs.len()))?;
-        let io = |e| CaptureError::io(&path, e);
-        // Level 1: a run is read once, soon; the session's turns side by side compress well.
-        let mut w = zstd::stream::write::Encoder::new(BufWriter::new(file), 1).map_err(io)?;
-        for turn in self.buf.drain(..) {
-            turn.write_to(&mut w).map_err(io)?;
-        }
-        w.finish().map_err(io)?.flush().map_err(io)?;
-        self.buf = Vec::new();
+        let turns = std::mem::take(&mut self.buf).into_iter().map(Ok);
+        let path = self.write_run(turns)?;
         self.held = 0;
+        self.spilled += 1;
         self.runs.push(path);
         Ok(())
     }
 
-    /// Every turn taken, in order. Runs written to disk: [`Sorted::runs`].
+    /// Writes sorted turns to a new run file.
+    fn write_run(
+        &mut self,
+        turns: impl Iterator<Item = Result<Spilled, CaptureError>>,
+    ) -> Result<PathBuf, CaptureError> {
+        let (path, file) = self.dir.create(&format!("run-{:06}.zst", self.files))?;
+        self.files += 1;
+        let io = |e| CaptureError::io(&path, e);
+        // Level 1: a run is read once, soon; the session's turns side by side compress well.
+        let mut w = zstd::stream::write::Encoder::new(BufWriter::new(file), 1).map_err(io)?;
+        for turn in turns {
+            turn?.write_to(&mut w).map_err(io)?;
+        }
+        w.finish().map_err(io)?.flush().map_err(io)?;
+        Ok(path)
+    }
+
+    /// Every turn taken, in order. Runs spilled from the buffer: [`Sorted::runs`].
     pub(super) fn finish(mut self) -> Result<Sorted, CaptureError> {
+        // Merge passes until the runs left, and the buffer, can be read at once.
+        while self.runs.len() >= MAX_OPEN_RUNS {
+            let group: Vec<PathBuf> = self.runs.drain(..MAX_OPEN_RUNS).collect();
+            let mut merged = Sorted::open(&group, Vec::new(), None, 0)?;
+            let path = self.write_run(std::iter::from_fn(|| merged.next_turn().transpose()))?;
+            drop(merged);
+            for old in &group {
+                let _ = std::fs::remove_file(old);
+            }
+            self.runs.push(path);
+        }
         self.buf.sort_unstable_by(|a, b| a.order().cmp(&b.order()));
-        let mut sources = Vec::new();
-        for path in &self.runs {
-            let file = File::open(path).map_err(|e| CaptureError::io(path, e))?;
-            let decoder =
-                zstd::stream::read::Decoder::new(file).map_err(|e| CaptureError::io(path, e))?;
-            sources.push(Source::Run(path.clone(), BufReader::new(decoder)));
-        }
-        sources.push(Source::Memory(std::mem::take(&mut self.buf).into_iter()));
-        let mut sorted = Sorted {
-            heap: BinaryHeap::with_capacity(sources.len()),
-            sources,
-            runs: self.runs.len(),
-            _dir: self.dir,
-        };
-        for i in 0..sorted.sources.len() {
-            sorted.refill(i)?;
-        }
-        Ok(sorted)
+        let memory = std::mem::take(&mut self.buf);
+        Sorted::open(&self.runs, memory, Some(self.dir), self.spilled)
     }
 }
 
@@ -271,10 +286,38 @@ pub(crate) struct Sorted {
     sources: Vec<Source>,
     heap: BinaryHeap<Head>,
     runs: usize,
-    _dir: SpillDir,
+    _dir: Option<SpillDir>,
 }
 
 impl Sorted {
+    /// The turns of the run files `paths` and of `memory` (sorted) merged; `dir`, when
+    /// given, is removed when they have been read.
+    fn open(
+        paths: &[PathBuf],
+        memory: Vec<Spilled>,
+        dir: Option<SpillDir>,
+        runs: usize,
+    ) -> Result<Sorted, CaptureError> {
+        let mut sources = Vec::new();
+        for path in paths {
+            let file = File::open(path).map_err(|e| CaptureError::io(path, e))?;
+            let decoder =
+                zstd::stream::read::Decoder::new(file).map_err(|e| CaptureError::io(path, e))?;
+            sources.push(Source::Run(path.clone(), BufReader::new(decoder)));
+        }
+        sources.push(Source::Memory(memory.into_iter()));
+        let mut sorted = Sorted {
+            heap: BinaryHeap::with_capacity(sources.len()),
+            sources,
+            runs,
+            _dir: dir,
+        };
+        for i in 0..sorted.sources.len() {
+            sorted.refill(i)?;
+        }
+        Ok(sorted)
+    }
+
     /// Runs that were written to disk (0 when every turn fitted in the buffer).
     pub(super) fn runs(&self) -> usize {
         self.runs
@@ -638,6 +681,39 @@ mod tests {
         assert!(spill.exists());
         drop(sorted);
         assert!(!spill.exists(), "the spill directory is removed");
+    }
+
+    #[test]
+    fn many_runs_are_merged_in_passes_and_still_come_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.jsonl");
+        // Each turn takes its own run: 3 x 40 runs, several passes' worth.
+        let mut sorter = Sorter::new(&out, 100);
+        let mut seq = 0;
+        for start in (0..40).rev() {
+            for key in ["b", "a", "c"] {
+                seq += 1;
+                sorter.push(turn(key, start, seq)).unwrap();
+            }
+        }
+        let spilled = out.with_file_name(format!(".out.jsonl.turns-{}", std::process::id()));
+        let mut sorted = sorter.finish().unwrap();
+        assert_eq!(sorted.runs(), 120);
+        assert!(
+            sorted.sources.len() <= MAX_OPEN_RUNS,
+            "{} runs open at once",
+            sorted.sources.len()
+        );
+        assert!(std::fs::read_dir(&spilled).unwrap().count() <= MAX_OPEN_RUNS);
+        let mut got = Vec::new();
+        while let Some(t) = sorted.next_turn().unwrap() {
+            got.push((t.group, t.start_unix_ns));
+        }
+        let want: Vec<(Group, u64)> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|k| (0..40).map(|s| (Group::Session(k.to_string()), s)))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
