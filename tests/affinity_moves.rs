@@ -240,7 +240,7 @@ async fn one_sequential_client_never_moves_its_sessions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_clients_never_move_their_sessions() {
-    sessions_stay_put(8, 64, false).await;
+    sessions_stay_put(8, 96, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
