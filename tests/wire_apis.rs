@@ -1143,3 +1143,154 @@ async fn claude_and_codex_captures_export_to_a_dataset_with_their_turns_and_firs
         .sum();
     assert_eq!(turns, 12);
 }
+
+/// The figures of `scripts/bench-wire.sh`: for each API, sessions pinned without a header,
+/// lost caches noticed, turns exported against turns sent and the recorded TTFT against the
+/// client's; and chains continued by `previous_response_id` over four backends, failed when
+/// sent round robin straight to the backends against through the proxy. Prints one JSON line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "figures for scripts/bench-wire.sh"]
+async fn wire_figures() {
+    let sessions: usize = std::env::var("WIRE_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let turns = 4;
+    let backends = four_backends().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let mut config = proxy_config(&backends.iter().collect::<Vec<_>>());
+    config.capture = support::capture::config(&cap);
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+    let url = register(&proxy);
+    let c = client();
+    let mut pinned = HashMap::new();
+    let mut client_ttft: Vec<Duration> = Vec::new();
+    for api in ["messages", "responses"] {
+        let mut n = 0;
+        for i in 0..sessions {
+            let stream = i % 2 == 0;
+            let seen = match api {
+                "messages" => claude_session(&c, &url, &format!("f{i}"), turns, stream).await,
+                _ => codex_session(&c, &url, &format!("g{i}"), turns, stream, i % 4 == 0).await,
+            };
+            n += usize::from(one_backend(&seen).is_some());
+            client_ttft.extend(seen.iter().filter_map(|s| s.ttft));
+        }
+        pinned.insert(api, n);
+    }
+    stop.fire();
+    proxy.join().await;
+    let capture = support::capture::read_all(&cap);
+    let recorded: Vec<u64> = capture
+        .iter()
+        .filter_map(|e| e.record.t.first_token_us)
+        .collect();
+    let mut gaps: Vec<f64> = recorded
+        .iter()
+        .zip(&client_ttft)
+        .map(|(r, c)| (*r as f64 / 1e3 - c.as_secs_f64() * 1e3).abs())
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let out = dir.path().join("export.jsonl");
+    let report = export::export(&cap, &out, &ExportOptions::default()).unwrap();
+    agentrace::dataset::load(&out, &Default::default()).unwrap();
+
+    // Lost caches: each session's backend loses it before its third turn.
+    let mut noticed = HashMap::new();
+    for api in ["messages", "responses"] {
+        let mut moved = 0;
+        for i in 0..sessions.min(8) {
+            let backends = four_backends().await;
+            for b in &backends {
+                b.lose_cache_at_hit.store(3, Ordering::Relaxed);
+            }
+            let (stop, shutdown) = agentrace::shutdown::channel();
+            let mut config = proxy_config(&backends.iter().collect::<Vec<_>>());
+            config.affinity.choices = 1;
+            let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+            let url = register(&proxy);
+            let admin = proxy.admin_addr;
+            let filler = |turn: usize, home: Option<String>| {
+                let (c, url) = (c.clone(), url.clone());
+                async move {
+                    if turn == 3 {
+                        load_backend(&c, &url, admin, &home.unwrap()).await;
+                    }
+                }
+            };
+            let seen = match api {
+                "messages" => {
+                    claude_session_with(&c, &url, &format!("l{i}"), 4, i % 2 == 0, filler).await
+                }
+                _ => {
+                    codex_session_with(&c, &url, &format!("l{i}"), 4, i % 2 == 0, false, filler)
+                        .await
+                }
+            };
+            moved += usize::from(seen[3].backend != seen[0].backend);
+            stop.fire();
+            proxy.join().await;
+        }
+        noticed.insert(api, (moved, sessions.min(8)));
+    }
+
+    // previous_response_id over four backends: straight round robin against the proxy.
+    let backends = four_backends().await;
+    let urls: Vec<String> = backends.iter().map(|b| b.url()).collect();
+    let mut rr_failed = 0;
+    let mut k = 0;
+    for i in 0..sessions {
+        let mut previous: Option<String> = None;
+        for t in 0..turns {
+            let mut body = json!({"model": "codex-test", "stream": false, "input": format!("chain {i} turn {t}")});
+            if let Some(p) = &previous {
+                body["previous_response_id"] = json!(p);
+            }
+            let s = post(
+                &c,
+                &format!("{}/v1/responses", urls[k % urls.len()]),
+                &[],
+                &body,
+            )
+            .await;
+            k += 1;
+            if s.status != 200 {
+                rr_failed += 1;
+                break;
+            }
+            previous = serde_json::from_slice::<Value>(&s.body).unwrap()["id"]
+                .as_str()
+                .map(str::to_owned);
+        }
+    }
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let mut config = proxy_config(&backends.iter().collect::<Vec<_>>());
+    config.affinity.policy = agentrace::proxy::config::Policy::RoundRobin;
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+    let url = register(&proxy);
+    let mut proxy_failed = 0;
+    for i in 0..sessions {
+        let seen = codex_session(&c, &url, &format!("p{i}"), turns, i % 2 == 0, true).await;
+        proxy_failed += usize::from(seen.len() < turns);
+    }
+    stop.fire();
+    proxy.join().await;
+
+    let sent = 2 * sessions * turns;
+    println!(
+        "{}",
+        json!({
+            "sessions_per_api": sessions, "turns_per_session": turns,
+            "pinned_sessions": {"messages": pinned["messages"], "responses": pinned["responses"]},
+            "lost_caches_noticed": {"messages": noticed["messages"], "responses": noticed["responses"]},
+            "client_turns_sent": sent, "client_turns_exported": report.client_turns,
+            "exchanges_recorded": capture.len(),
+            "ttft_capture_vs_client_ms": {"streams": gaps.len(), "median_abs_diff": gaps.get(gaps.len() / 2),
+                                          "max_abs_diff": gaps.last()},
+            "previous_response_id_chains": sessions,
+            "chains_failed": {"round_robin_direct": rr_failed, "agentrace_round_robin": proxy_failed},
+        })
+    );
+}
