@@ -49,6 +49,8 @@
 //!   TLS client configuration of the proxy's upstream, the replay client and the endpoint picker.
 //! - `random`: the seeded random source of the synthetic dataset and the simulator.
 //! - `timing`: sleeps that end on time, for the replayer's sends and the simulator's tokens.
+//! - `wire`: the request APIs agents speak (Chat Completions, Anthropic Messages, OpenAI
+//!   Responses), parsed alike for the proxy's routing and the recorder's export.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
@@ -71,3 +73,4 @@ pub mod sim;
 pub mod tap;
 pub(crate) mod telemetry;
 pub(crate) mod timing;
+pub(crate) mod wire;

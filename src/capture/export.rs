@@ -300,22 +300,16 @@ impl Builder {
         {
             return None;
         }
-        if r.method != "POST"
-            || !r
-                .path
-                .split('?')
-                .next()
-                .unwrap_or("")
-                .ends_with("/chat/completions")
-        {
+        let api = crate::wire::Api::of_path(&r.path).filter(|_| r.method == "POST");
+        let Some(api) = api else {
             self.skip("not a chat completion");
             return None;
-        }
+        };
         if e.request_body.is_none() {
             self.skip("request body not recorded");
             return None;
         }
-        let reply = response_message(&e)
+        let reply = super::apis::reply(&e)
             .map(|m| serde_json::to_vec(&m).expect("a JSON value serialises"))
             .unwrap_or_default();
         Some(Spilled {
@@ -324,7 +318,13 @@ impl Builder {
             seq,
             id: r.id,
             end_unix_ns: e.end_unix_ns(),
-            body: e.request_body.unwrap_or_default(),
+            body: match super::apis::chat_body(api, e.request_body.unwrap_or_default()) {
+                Ok(body) => body,
+                Err(why) => {
+                    self.skip(why);
+                    return None;
+                }
+            },
             reply,
         })
     }
@@ -593,6 +593,7 @@ impl Conversation {
                     row.insert(key.clone(), v.clone());
                 }
             }
+            super::apis::mark_row(&mut row, request);
             if let Some(d) = delay.filter(|d| *d > 0.0) {
                 row.insert("delay_seconds".into(), json!((d * 1e6).round() / 1e6));
             }

@@ -120,6 +120,12 @@ pub struct Offsets {
     /// The first response body byte was forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_byte_us: Option<u64>,
+    /// The first token was forwarded: the first SSE event carrying content, thinking or a
+    /// tool call of any of the three APIs (never `message_start`, `response.created`, a
+    /// `ping` or a role-only chunk, which come before the model has produced anything).
+    /// Absent for a response that is not a stream, or has no such event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_us: Option<u64>,
     /// The exchange ended.
     pub end_us: u64,
 }

@@ -7,6 +7,7 @@
 //! agentic dataset, `cli` is the command. The replayer's `open_loop` replays them at their
 //! recorded times.
 
+mod apis;
 mod bases;
 pub(crate) mod cli;
 pub mod export;

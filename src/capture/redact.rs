@@ -46,8 +46,15 @@ pub const DEFAULT_REDACTED_QUERY_PARAMS: [&str; 13] = [
 ];
 
 /// Headers stored in `allow` mode whatever `keep_headers` says: export and open-loop replay
-/// need the content type, and it never holds a secret.
-const ALWAYS_KEPT: &str = "content-type";
+/// need the content type, and a replay of a Messages or Responses request must send the API
+/// version and beta features it was made under (`anthropic-version`, `anthropic-beta`,
+/// `openai-beta`) for a server to read it alike. None of them ever holds a secret.
+const ALWAYS_KEPT: [&str; 4] = [
+    "content-type",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+];
 
 /// Which headers a capture stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -56,7 +63,8 @@ pub enum HeaderMode {
     /// Every header, those matching `redact_headers` as a hash.
     #[default]
     Deny,
-    /// Only `content-type` and the headers matching `keep_headers` (those also matching
+    /// Only `content-type`, the API version headers (`anthropic-version`, `anthropic-beta`,
+    /// `openai-beta`) and the headers matching `keep_headers` (those also matching
     /// `redact_headers` as a hash); the rest are left out.
     Allow,
 }
@@ -156,7 +164,7 @@ impl Redactor {
             .filter(|(name, _)| {
                 let name = name.as_str();
                 self.mode == HeaderMode::Deny
-                    || name == ALWAYS_KEPT
+                    || ALWAYS_KEPT.contains(&name)
                     || self.keep.iter().any(|p| p.matches(name))
             })
             .map(|(name, value)| {
@@ -303,6 +311,37 @@ mod tests {
         let stored = r.headers(&map);
         assert_eq!(stored[1].0, "x-team-token");
         assert!(stored[1].1.starts_with("REDACTED-"));
+    }
+
+    #[test]
+    fn allow_mode_keeps_the_api_version_headers_and_hashes_x_api_key() {
+        let r = default_redactor(HeaderMode::Allow, &["x-api-key"]);
+        let mut map = http::HeaderMap::new();
+        for (name, value) in [
+            ("x-api-key", "sk-ant-secret"),
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", "interleaved-thinking-2025-05-14"),
+            ("openai-beta", "responses=v1"),
+            ("user-agent", "claude-cli/2.0"),
+        ] {
+            map.insert(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static(value),
+            );
+        }
+        let stored = r.headers(&map);
+        let names: Vec<&str> = stored.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+                "openai-beta"
+            ]
+        );
+        assert!(stored[0].1.starts_with("REDACTED-"), "{:?}", stored[0]);
+        assert_eq!(stored[1].1, "2023-06-01");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::apis::Chains;
 use super::export::{Builder, Turn};
 
 /// Turns waiting for their session's earlier turns.
@@ -16,6 +17,9 @@ pub(crate) struct Window {
     by_session: HashMap<String, Vec<(u64, u64)>>,
     /// Turns released before one with an earlier start, because their history says so.
     pub ordered_by_history: u64,
+    /// Responses turns continued on the server, put back together as they arrive (in start
+    /// order: a continuing request starts after the response it continues).
+    chains: Chains,
 }
 
 impl Window {
@@ -27,12 +31,14 @@ impl Window {
             pending: BTreeMap::new(),
             by_session: HashMap::new(),
             ordered_by_history: 0,
+            chains: Chains::default(),
         }
     }
 
     /// Takes `turn`, read when its session's turns stood at `watermark_ns` (the start of the
     /// turn just read), and hands `builder` every turn no earlier one can precede now.
-    pub(super) fn push(&mut self, turn: Turn, watermark_ns: u64, builder: &mut Builder) {
+    pub(super) fn push(&mut self, mut turn: Turn, watermark_ns: u64, builder: &mut Builder) {
+        self.chains.stitch(&mut turn);
         self.seq += 1;
         let k = (turn.start_unix_ns, self.seq);
         if let Some(s) = &turn.key {

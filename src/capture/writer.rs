@@ -615,6 +615,7 @@ pub(crate) fn encode(c: &Captured, base: Option<&Bytes>, redact: &Redactor) -> E
             received_us: micros(start, s.request_received_at),
             head_us: c.head.as_ref().map(|h| micros(start, h.2)),
             first_byte_us: c.frame_times.first().map(|f| micros(start, f.0)),
+            first_token_us: first_token_us(c, start),
             end_us: micros(start, c.end_at),
         },
         request: StoredRequest {
@@ -627,6 +628,20 @@ pub(crate) fn encode(c: &Captured, base: Option<&Bytes>, redact: &Redactor) -> E
         complete: c.drop_reason.is_none(),
         drop_reason: c.drop_reason.map(str::to_owned),
     }
+}
+
+/// When the frame completing a stream's first token event was forwarded.
+fn first_token_us(c: &Captured, start: tokio::time::Instant) -> Option<u64> {
+    let sse = c.head.as_ref()?.1.get(http::header::CONTENT_TYPE)?;
+    if !sse
+        .as_bytes()
+        .trim_ascii_start()
+        .starts_with(b"text/event-stream")
+    {
+        return None;
+    }
+    let frame = crate::wire::sse::first_token_frame(&c.frames)?;
+    c.frame_times.get(frame).map(|f| micros(start, f.0))
 }
 
 /// For each SSE event, the index of the frame whose bytes completed it (a blank line ends an

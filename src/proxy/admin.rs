@@ -255,7 +255,8 @@ fn route(inner: &Inner, head: &RequestHead) -> AdminReply {
         let pool = inner.router.pool();
         let stats = inner.recorder.lock().as_ref().map(|r| r.stats());
         inner.metrics.body_bytes_held(inner.body_budget.held());
-        let text = inner.metrics.render(&pool, &inner.router.sessions, stats);
+        let mut text = inner.metrics.render(&pool, &inner.router.sessions, stats);
+        inner.router.response_ids.render(&mut text);
         return respond(StatusCode::OK, "text/plain; version=0.0.4", text);
     }
     if path == "/health" && method == Method::GET {

@@ -5,7 +5,8 @@
 //! receive time; `ingress_h2` serves HTTP/2) → `routing` (session key, rendezvous pick,
 //! bindings) → `upstream` (failover; `forwarded` adds the proxy's hop to the request's
 //! headers) over `pool` (per-worker keep-alive connections, which `view` hands each request
-//! with its worker's copy of the backend pool) → `observed` (the response body,
+//! with its worker's copy of the backend pool; `continued` sends a Responses request to the
+//! backend that holds the response it continues) → `observed` (the response body,
 //! streamed), which reports each exchange through the crate's [`tap`](crate::tap) (frame
 //! observers for the recorder); `health` and `admin` (with `metrics`) run beside them.
 
@@ -15,6 +16,7 @@ pub(crate) mod budget;
 pub(crate) mod capacity;
 pub(crate) mod cli;
 pub mod config;
+pub(crate) mod continued;
 pub(crate) mod fields;
 pub(crate) mod forwarded;
 pub(crate) mod health;

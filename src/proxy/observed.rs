@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::metrics::ErrorKind;
 use super::pool::UpstreamBody;
-use super::routing::{Backend, InFlight, SessionId, UsageScan};
+use super::routing::{Backend, IdLearner, InFlight, SessionId, UsageScan};
 use super::view::WorkerView;
 use crate::http_body::BoxError;
 use crate::tap::{ExchangeEnd, ExchangeObserver};
@@ -31,6 +31,8 @@ pub(crate) struct Exchange {
     first_byte_at: Option<Instant>,
     sse: bool,
     at_event_boundary: bool,
+    /// Learns the id of a Responses API response, for the requests that continue it.
+    response_id: Option<IdLearner>,
 }
 
 /// A turn of a session the table placed, in flight until it ends: the session counts in its
@@ -51,13 +53,18 @@ impl SessionTurn {
     /// The turn the router started for `session` ([`Commit::Turn`]), when it placed one.
     ///
     /// [`Commit::Turn`]: super::routing::Commit::Turn
-    pub(crate) fn start(view: &Arc<WorkerView>, session: Option<SessionId>) -> Option<Self> {
+    pub(crate) fn start(
+        view: &Arc<WorkerView>,
+        session: Option<SessionId>,
+        api: Option<crate::wire::Api>,
+    ) -> Option<Self> {
         let session = session?;
+        let api = api.unwrap_or(crate::wire::Api::Chat);
         let lost_share = view.pool.affinity.lost_cache_share;
         Some(Self {
             session,
             view: view.clone(),
-            cache: (lost_share > 0.0).then(|| (UsageScan::default(), lost_share)),
+            cache: (lost_share > 0.0).then(|| (UsageScan::new(api), lost_share)),
             ended: false,
         })
     }
@@ -144,7 +151,14 @@ impl Exchange {
             first_byte_at: None,
             sse,
             at_event_boundary: true,
+            response_id: None,
         }
+    }
+
+    /// The exchange, reading its response for the id `learner` remembers.
+    pub(crate) fn learning_response_id(mut self, learner: Option<IdLearner>) -> Self {
+        self.response_id = learner;
+        self
     }
 
     /// The last item went to the connection at `at`. The request stops counting in flight
@@ -292,6 +306,9 @@ impl HttpBody for ObservedBody {
                     }
                     if let Some(turn) = exchange.turn.as_mut() {
                         turn.feed(data);
+                    }
+                    if let Some(learner) = exchange.response_id.as_mut() {
+                        learner.feed(data);
                     }
                     if let Some(observer) = exchange.observer.as_mut() {
                         observer.response_frame(data, now());

@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use super::continued::{self, Continued};
 use super::fields::OutboundFields;
 use super::forwarded::{forward_headers, ClientConn, Hop};
 use super::health;
@@ -31,6 +32,7 @@ use super::Inner;
 use crate::http1::fields::{is_valid_host, text};
 use crate::http1::{Fields, WireFields};
 use crate::tap::{ExchangeEnd, ExchangeStart, KeySource};
+use crate::wire::Api;
 
 /// The backend's name on responses, built once: inserting by `&str` parses the name on
 /// every request.
@@ -269,16 +271,21 @@ const INLINE_FINGERPRINT_BYTES: usize = 256 * 1024;
 
 /// The fingerprint key of a chat body. A body of several parts is parsed from a joined copy,
 /// counted against the body budget and dropped once hashed: without room for it, no key.
-async fn body_fingerprint(inner: &Arc<Inner>, body: &HeldBody, turn: Turn) -> Option<SessionKey> {
-    fn key(inner: &Inner, body: &HeldBody, turn: Turn) -> Option<SessionKey> {
+async fn body_fingerprint(
+    inner: &Arc<Inner>,
+    body: &HeldBody,
+    api: Api,
+    turn: Turn,
+) -> Option<SessionKey> {
+    fn key(inner: &Inner, body: &HeldBody, api: Api, turn: Turn) -> Option<SessionKey> {
         let mut copy = inner.body_budget.charge();
-        fingerprint_key(&body.contiguous(&mut copy)?, turn)
+        fingerprint_key(api, &body.contiguous(&mut copy)?, turn)
     }
     if body.len() <= INLINE_FINGERPRINT_BYTES {
-        return key(inner, body, turn);
+        return key(inner, body, api, turn);
     }
     let (inner, body) = (inner.clone(), body.clone());
-    tokio::task::spawn_blocking(move || key(&inner, &body, turn))
+    tokio::task::spawn_blocking(move || key(&inner, &body, api, turn))
         .await
         .ok()
         .flatten()
@@ -313,11 +320,30 @@ pub(crate) async fn forward(
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let turn = body.turn();
+    let api = Api::of_path(path_and_query.path());
+    let continued = Continued::of(api, body, &inner.router.response_ids);
     let key = match header_key(&headers, &pool.affinity.headers, turn) {
         Some(key) => Some(key),
-        None if fingerprint_applies(pool.affinity.fingerprint, &method, path_and_query.path()) => {
-            body_fingerprint(inner, body, turn).await
-        }
+        None => match continued.as_ref().and_then(|c| c.session_key(turn)) {
+            Some(key) => Some(key),
+            None => {
+                match fingerprint_applies(pool.affinity.fingerprint, &method, path_and_query.path())
+                {
+                    Some(api) => body_fingerprint(inner, body, api, turn).await,
+                    None => None,
+                }
+            }
+        },
+    };
+    let pinned = match &continued {
+        Some(c) => match c.backend(pool) {
+            Some(index) => Some(index),
+            None => {
+                let answer = c.gone();
+                inner.metrics.refused(answer.status);
+                return answer;
+            }
+        },
         None => None,
     };
     let key_source = key.as_ref().map_or(KeySource::None, |k| k.source);
@@ -354,7 +380,11 @@ pub(crate) async fn forward(
     let mut overhead = Duration::ZERO;
 
     let (index, in_flight, turn, response, sent_at) = loop {
-        let Some(decision) = inner.router.route(pool, key.as_ref(), &tried, Commit::Turn) else {
+        let decision = match pinned {
+            Some(i) => Some(inner.router.route_to(pool, i, key.as_ref(), Commit::Turn)),
+            None => inner.router.route(pool, key.as_ref(), &tried, Commit::Turn),
+        };
+        let Some(decision) = decision else {
             return refuse(
                 inner,
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -377,7 +407,7 @@ pub(crate) async fn forward(
             declare_length,
             sent_at,
         };
-        let turn = SessionTurn::start(&view, decision.session);
+        let turn = SessionTurn::start(&view, decision.session, api);
         let attempt = Counted {
             in_flight: Some(InFlight::new(backend.clone())),
             send: upstream_pool.send(&backend.url, request),
@@ -397,7 +427,8 @@ pub(crate) async fn forward(
                 health::on_error(backend, kind, &pool.health);
                 tried.push(decision.index);
                 let resend = upstream_pool.may_resend(&e, &method);
-                if resend && tried.len() <= retries && tried.len() < pool.backends.len() {
+                let again = resend && pinned.is_none();
+                if again && tried.len() <= retries && tried.len() < pool.backends.len() {
                     inner.metrics.retry(retry_reason(&e));
                     tracing::warn!(backend = %backend.name, error = %cause, kind = kind.as_str(), "upstream failed before the response; retrying on the next choice");
                     continue;
@@ -411,6 +442,11 @@ pub(crate) async fn forward(
                     let mut observer = sink.start(exchange(backend));
                     std::future::poll_fn(|cx| observer.poll_ready(cx)).await;
                     observer.end(ExchangeEnd::UpstreamError(cause.clone()), Instant::now());
+                }
+                if let Some(c) = &continued {
+                    let answer = c.unavailable(&cause);
+                    inner.metrics.refused(answer.status);
+                    return answer;
                 }
                 return refuse(
                     inner,
@@ -456,7 +492,15 @@ pub(crate) async fn forward(
         pending = incoming.frame().await;
     }
     let empty = pending.is_none() && incoming.is_end_stream();
-    let exchange = Exchange::new(in_flight, turn, observer, sent_at, sse);
+    let learner = continued::learner(
+        api,
+        status,
+        &inner.router.response_ids,
+        backend,
+        key.as_ref(),
+    );
+    let exchange =
+        Exchange::new(in_flight, turn, observer, sent_at, sse).learning_response_id(learner);
     let mut observed = ObservedBody::new(incoming, pending, exchange);
     if empty {
         // No body to poll (204, 304, HEAD, length 0): the exchange is complete already.

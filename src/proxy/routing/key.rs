@@ -8,6 +8,7 @@ use http::{HeaderName, Method};
 use super::hash::{avalanche, hash64};
 use crate::http1::Fields;
 use crate::tap::KeySource;
+use crate::wire::{Api, Head};
 
 /// A request's session key with its precomputed hash.
 #[derive(Debug, Clone)]
@@ -57,13 +58,20 @@ pub(crate) struct TurnScan {
 }
 
 /// Built once: building a searcher costs more than scanning a small body with it.
-static ASSISTANT: LazyLock<memchr::memmem::Finder<'static>> =
-    LazyLock::new(|| memchr::memmem::Finder::new(TurnScan::NEEDLE));
+static CONTINUES: LazyLock<[memchr::memmem::Finder<'static>; 3]> =
+    LazyLock::new(|| TurnScan::NEEDLES.map(memchr::memmem::Finder::new));
 
 impl TurnScan {
-    /// Only a JSON string that is exactly `assistant` has both quotes unescaped.
-    const NEEDLE: &'static [u8] = b"\"assistant\"";
-    const KEEP: usize = Self::NEEDLE.len() - 1;
+    /// Strings only a continuing conversation has, each with both quotes unescaped, so only
+    /// a JSON string that is exactly one of them: an assistant message (all three APIs), a
+    /// function call's output (Responses, whose calls carry no role), a response continued
+    /// on the server (Responses' `previous_response_id`).
+    const NEEDLES: [&'static [u8]; 3] = [
+        b"\"assistant\"",
+        b"\"function_call_output\"",
+        b"\"previous_response_id\"",
+    ];
+    const KEEP: usize = 22 - 1;
 
     /// Reads the next bytes of the body.
     pub(crate) fn feed(&mut self, part: &[u8]) {
@@ -73,7 +81,8 @@ impl TurnScan {
         }
         let keep = Self::KEEP;
         self.seam.extend_from_slice(&part[..part.len().min(keep)]);
-        if ASSISTANT.find(&self.seam).is_some() || ASSISTANT.find(part).is_some() {
+        let found = |text: &[u8]| CONTINUES.iter().any(|f| f.find(text).is_some());
+        if found(&self.seam) || found(part) {
             self.turn.continues = true;
             self.seam = Vec::new();
             return;
@@ -137,7 +146,7 @@ struct ChatMessage<'a> {
 }
 
 /// The session key of a request: the first configured header present and non-empty, else
-/// (when enabled) the conversation fingerprint of a `POST …/chat/completions` body.
+/// (when enabled) the conversation fingerprint of a `POST` body of one of the [`Api`]s.
 pub(crate) fn session_key(
     headers: &impl Fields,
     names: &[HeaderName],
@@ -149,8 +158,7 @@ pub(crate) fn session_key(
     let turn = Turn::of_body(body);
     header_key(headers, names, turn).or_else(|| {
         fingerprint_applies(fingerprint, method, path)
-            .then(|| fingerprint_key(body, turn))
-            .flatten()
+            .and_then(|api| fingerprint_key(api, body, turn))
     })
 }
 
@@ -167,15 +175,29 @@ pub(crate) fn header_key(
     })
 }
 
-/// Whether a request without a header key is keyed by its body's conversation fingerprint.
-pub(crate) fn fingerprint_applies(fingerprint: bool, method: &Method, path: &str) -> bool {
-    fingerprint && method == Method::POST && path.ends_with("/chat/completions")
+/// The API whose body keys a request without a header key by its conversation fingerprint.
+pub(crate) fn fingerprint_applies(fingerprint: bool, method: &Method, path: &str) -> Option<Api> {
+    (fingerprint && method == Method::POST)
+        .then(|| Api::of_path(path))
+        .flatten()
 }
 
-/// The key from a chat body's conversation fingerprint, if it has one.
-pub(crate) fn fingerprint_key(body: &[u8], turn: Turn) -> Option<SessionKey> {
-    conversation_fingerprint(body)
-        .map(|fp| SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint).with_turn(turn))
+/// The key from a body's conversation fingerprint, if it has one.
+pub(crate) fn fingerprint_key(api: Api, body: &[u8], turn: Turn) -> Option<SessionKey> {
+    let fp = match api {
+        Api::Chat => conversation_fingerprint(body),
+        Api::Messages => crate::wire::messages::head(body).map(|h| head_fingerprint(&h)),
+        Api::Responses => crate::wire::responses::head(body).map(|h| head_fingerprint(&h)),
+    };
+    fp.map(|fp| SessionKey::new(format!("fp:{fp:016x}"), KeySource::Fingerprint).with_turn(turn))
+}
+
+/// Hash of a Messages or Responses request's head, mixed as a chat body's is.
+fn head_fingerprint(head: &Head) -> u64 {
+    let part = |i: u64, text: &Option<String>| text.as_ref().map_or(0, |t| hash64(i, t.as_bytes()));
+    let mut h = part(1, &head.model);
+    h = avalanche(h ^ part(2, &head.system));
+    avalanche(h.wrapping_add(part(3, &head.user)))
 }
 
 /// Hash of the model, the first system message and the first user message of a chat body:

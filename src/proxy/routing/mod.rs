@@ -31,6 +31,7 @@ mod evidence;
 mod hash;
 mod key;
 mod order;
+mod response_ids;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -55,6 +56,7 @@ use hash::{rendezvous_draw, rendezvous_score};
 pub(crate) use key::{
     fingerprint_applies, fingerprint_key, header_key, session_key, SessionKey, Turn, TurnScan,
 };
+pub(crate) use response_ids::{previous_response_id, IdLearner, Origin, ResponseIds};
 pub(crate) use table::{SessionId, SessionTable};
 pub(crate) use usage::UsageScan;
 
@@ -500,6 +502,8 @@ pub(crate) struct Router {
     pool: RwLock<Arc<Pool>>,
     /// Remembered sessions (shared with the forwarding workers' views).
     pub sessions: Arc<SessionTable>,
+    /// Which backend created each Responses API response, bounded like the sessions.
+    pub response_ids: Arc<ResponseIds>,
     cursor: AtomicUsize,
 }
 
@@ -509,6 +513,7 @@ impl Router {
         Self {
             pool: RwLock::new(Arc::new(pool)),
             sessions: Arc::new(SessionTable::new(max_sessions, ttl)),
+            response_ids: Arc::new(ResponseIds::new(max_sessions, ttl)),
             cursor: AtomicUsize::new(0),
         }
     }
@@ -539,6 +544,35 @@ impl Router {
             (Policy::RoundRobin, _) => self.round_robin(pool, tried),
             (Policy::LeastLoaded, _) | (Policy::Session, None) => self.least_loaded(pool, tried),
             (Policy::Session, Some(key)) => self.by_session(pool, key, tried, commit),
+        }
+    }
+
+    /// Sends a request to backend `index`, whatever its health or load: it continues a
+    /// response that only that backend holds. Its session, if any, is placed there.
+    pub(crate) fn route_to(
+        &self,
+        pool: &Pool,
+        index: usize,
+        key: Option<&SessionKey>,
+        commit: Commit,
+    ) -> Decision {
+        let session = key.map(|key| {
+            let id = self.sessions.id(key);
+            if commit != Commit::Nothing {
+                let mut slot = self.sessions.slot(id, Instant::now());
+                let pinned = index != pool.first_choice(key.hash);
+                let backend = &pool.backends[index];
+                slot.place(backend, pinned, Outcome::Bound, key.turn.context_bytes);
+                if commit == Commit::Turn {
+                    slot.start_turn();
+                }
+            }
+            id
+        });
+        Decision {
+            index,
+            outcome: Outcome::Bound,
+            session,
         }
     }
 
