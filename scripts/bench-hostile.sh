@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hostile-input benchmark (benches/hostile/): each attack (session-keys, big-bodies,
 # interim-storm, slowloris, idle-conns, h2-idle-no-ack, h2-rapid-reset, tls-handshakes,
-# replay-endless-sse, validate-long-line) against a fresh agentrace process, with its peak RSS,
+# replay-endless-sse, validate-long-line, self-loop, early-413) against a fresh agentrace process, with its peak RSS,
 # descriptors, CPU, what the attackers got, what reached the backend and a probe client's
 # p50/p99 through the proxy meanwhile.
 # Usage: scripts/bench-hostile.sh [--bin PATH] [--compare OTHER_BIN] [--peer haproxy|nginx]... [--proxy-config FILE]

@@ -17,6 +17,7 @@
 mod backends;
 mod h2;
 mod http1;
+mod loops;
 mod offline;
 mod peer;
 mod probe;
@@ -31,7 +32,7 @@ use backends::Backends;
 use report::Run;
 
 /// Every attack, in the order they run.
-const ATTACKS: [&str; 10] = [
+const ATTACKS: [&str; 12] = [
     "session-keys",
     "big-bodies",
     "interim-storm",
@@ -42,6 +43,8 @@ const ATTACKS: [&str; 10] = [
     "tls-handshakes",
     "replay-endless-sse",
     "validate-long-line",
+    "self-loop",
+    "early-413",
 ];
 
 /// Flags; each knob's default is the figure the attack's issue measured where the machine
@@ -78,6 +81,10 @@ pub struct Args {
     pub sse_secs: f64,
     pub long_line_mib: usize,
     pub validate_timeout_secs: f64,
+    pub loop_requests: usize,
+    pub loop_idle_secs: f64,
+    pub early_requests: usize,
+    pub early_body_mib: usize,
 }
 
 fn parse_args() -> Args {
@@ -112,6 +119,10 @@ fn parse_args() -> Args {
         sse_secs: 10.0,
         long_line_mib: 512,
         validate_timeout_secs: 120.0,
+        loop_requests: 20,
+        loop_idle_secs: 5.0,
+        early_requests: 1,
+        early_body_mib: 32,
     };
     let mut scale = 1.0f64;
     let mut it = std::env::args().skip(1);
@@ -155,6 +166,10 @@ fn parse_args() -> Args {
             "--sse-secs" => num!(a.sse_secs),
             "--long-line-mib" => num!(a.long_line_mib),
             "--validate-timeout-secs" => num!(a.validate_timeout_secs),
+            "--loop-requests" => num!(a.loop_requests),
+            "--loop-idle-secs" => num!(a.loop_idle_secs),
+            "--early-requests" => num!(a.early_requests),
+            "--early-body-mib" => num!(a.early_body_mib),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -325,6 +340,8 @@ async fn run_attack(ctx: &Ctx, attack: &str, bin: &Path, run: Run) -> Run {
         "tls-handshakes" => tls::handshakes(ctx, bin, run).await,
         "replay-endless-sse" => offline::replay_endless_sse(ctx, bin, run).await,
         "validate-long-line" => offline::validate_long_line(ctx, bin, run).await,
+        "self-loop" => loops::self_loop(ctx, bin, run).await,
+        "early-413" => loops::early_413(ctx, bin, run).await,
         other => unreachable!("attack {other}"),
     }
 }
@@ -371,6 +388,14 @@ fn title(attack: &str, a: &Args) -> String {
         "validate-long-line" => format!(
             "validate-long-line: dataset validate on a {} MiB file without a newline",
             a.long_line_mib
+        ),
+        "self-loop" => format!(
+            "self-loop: a proxy whose backend is itself, {} concurrent requests, then {} s of its health probes alone",
+            a.loop_requests, a.loop_idle_secs
+        ),
+        "early-413" => format!(
+            "early-413: {} clients each POSTing {} MiB to a backend that answers 413 before reading the body, then closes",
+            a.early_requests, a.early_body_mib
         ),
         _ => attack.to_string(),
     }
