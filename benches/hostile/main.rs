@@ -18,6 +18,7 @@ mod backends;
 mod epp;
 mod h2;
 mod http1;
+mod loops;
 mod offline;
 mod peer;
 mod pool;
@@ -33,7 +34,7 @@ use backends::Backends;
 use report::Run;
 
 /// Every attack, in the order they run.
-const ATTACKS: [&str; 19] = [
+const ATTACKS: [&str; 21] = [
     "session-keys",
     "big-bodies",
     "interim-storm",
@@ -53,6 +54,8 @@ const ATTACKS: [&str; 19] = [
     "pool-rewatch",
     "pool-bookmarks",
     "pool-metrics",
+    "self-loop",
+    "early-413",
 ];
 
 /// Flags; each knob's default is the figure the attack's issue measured where the machine
@@ -93,6 +96,10 @@ pub struct Args {
     pub pool_pods: usize,
     /// How long the `pool-*` attacks watch the picker.
     pub pool_secs: f64,
+    pub loop_requests: usize,
+    pub loop_idle_secs: f64,
+    pub early_requests: usize,
+    pub early_body_mib: usize,
 }
 
 fn parse_args() -> Args {
@@ -129,6 +136,10 @@ fn parse_args() -> Args {
         validate_timeout_secs: 120.0,
         pool_pods: 10_000,
         pool_secs: 10.0,
+        loop_requests: 20,
+        loop_idle_secs: 5.0,
+        early_requests: 1,
+        early_body_mib: 32,
     };
     let mut scale = 1.0f64;
     let mut it = std::env::args().skip(1);
@@ -174,6 +185,10 @@ fn parse_args() -> Args {
             "--validate-timeout-secs" => num!(a.validate_timeout_secs),
             "--pool-pods" => num!(a.pool_pods),
             "--pool-secs" => num!(a.pool_secs),
+            "--loop-requests" => num!(a.loop_requests),
+            "--loop-idle-secs" => num!(a.loop_idle_secs),
+            "--early-requests" => num!(a.early_requests),
+            "--early-body-mib" => num!(a.early_body_mib),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -358,6 +373,8 @@ async fn run_attack(ctx: &Ctx, attack: &str, bin: &Path, run: Run) -> Run {
         "pool-rewatch" => pool::rewatch(ctx, bin, run).await,
         "pool-bookmarks" => pool::bookmarks(ctx, bin, run).await,
         "pool-metrics" => pool::metrics(ctx, bin, run).await,
+        "self-loop" => loops::self_loop(ctx, bin, run).await,
+        "early-413" => loops::early_413(ctx, bin, run).await,
         other => unreachable!("attack {other}"),
     }
 }
@@ -428,6 +445,13 @@ fn title(attack: &str, a: &Args) -> String {
         "pool-metrics" => format!(
             "pool-metrics: epp over {} ready pods, /metrics scraped 3 times",
             report::fmt_num(a.pool_pods as f64)
+        "self-loop" => format!(
+            "self-loop: a proxy whose backend is itself, {} concurrent requests, then {} s of its health probes alone",
+            a.loop_requests, a.loop_idle_secs
+        ),
+        "early-413" => format!(
+            "early-413: {} clients each POSTing {} MiB to a backend that answers 413 before reading the body, then closes",
+            a.early_requests, a.early_body_mib
         ),
         _ => attack.to_string(),
     }

@@ -11,8 +11,9 @@ pub const NAMES: [&str; 2] = ["haproxy", "nginx"];
 
 /// The attacks that make sense for a peer: plain HTTP/1.1 through a proxy, no agentrace
 /// metrics or commands needed.
-pub const ATTACKS: [&str; 5] = [
+pub const ATTACKS: [&str; 6] = [
     "baseline",
+    "early-413",
     "session-keys",
     "big-bodies",
     "slowloris",

@@ -129,7 +129,7 @@ impl Proxy {
         procfs::cpu_seconds(self.pid).unwrap_or(f64::NAN)
     }
 
-    async fn stop(mut self) {
+    pub async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }

@@ -32,7 +32,7 @@ use http::StatusCode;
 pub(crate) use body::{BodyDecoder, Decoded};
 pub(crate) use fields::{Fields, WireFields};
 pub(crate) use framing::Framing;
-pub(crate) use head::{parse_request, parse_response, RequestHead};
+pub(crate) use head::{parse_request, parse_response, RequestHead, ResponseHead};
 pub(crate) use limits::MAX_HEAD;
 pub(crate) use write::{
     length_value, put_chunk_size, put_request_head, put_response_head, OutFraming, LAST_CHUNK,

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
@@ -434,66 +434,71 @@ impl WorkerPool {
             req.headers.pairs(),
             length,
         );
-        let written = match req.body.single() {
-            Some(body) if body.len() <= COPY_BODY_MAX => {
-                conn.out.extend_from_slice(body);
-                conn.io.write_all(&conn.out).await
-            }
-            _ => write_head_and_parts(&mut conn.io, &conn.out, req.body).await,
-        };
-        // A write or flush that fails leaves the request's last bytes unsent (see [`PoolError`]).
-        let flushed = match written {
-            Ok(()) => conn.io.flush().await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = flushed {
-            return Err(PoolError::NotSent(Box::new(e)));
-        }
         let head_request = req.method == Method::HEAD;
-        let mut received = false;
         let mut interim = 0;
-        let head = loop {
-            match http1::parse_response(&mut conn.buf, head_request) {
-                Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
-                    return Err(PoolError::bad_response(
-                        "the backend switched protocols, which the proxy does not forward",
-                    ))
+        let mut received = false;
+        let parts: Vec<&[u8]>;
+        let whole: [&[u8]; 1];
+        let early = {
+            let H1Conn { io, buf, out, .. } = &mut conn;
+            let bufs: &[&[u8]] = match req.body.single() {
+                Some(body) if body.len() <= COPY_BODY_MAX => {
+                    out.extend_from_slice(body);
+                    whole = [&out[..]];
+                    &whole
                 }
-                // Interim responses (100, 103) are not forwarded; the final one follows.
-                Ok(Some(head)) if head.status.is_informational() => {
-                    interim += 1;
-                    if interim > MAX_INTERIM_RESPONSES {
-                        return Err(PoolError::bad_response(format!(
-                            "the backend sent more than {MAX_INTERIM_RESPONSES} interim (1xx) \
-                             responses without a final one"
-                        )));
+                _ => {
+                    parts = std::iter::once(&out[..])
+                        .chain(req.body.parts().map(|p| &p[..]))
+                        .collect();
+                    &parts
+                }
+            };
+            let mut watch = Watch {
+                buf,
+                head_request,
+                interim: &mut interim,
+                received: &mut received,
+            };
+            write_watching(io, bufs, &mut watch).await?
+        };
+        // A request cut short by an early answer leaves the connection mid-request: never reused.
+        let sent_whole = early.is_none();
+        let head = match early {
+            Some(head) => head,
+            None => loop {
+                let mut watch = Watch {
+                    buf: &mut conn.buf,
+                    head_request,
+                    interim: &mut interim,
+                    received: &mut received,
+                };
+                if let Some(head) = watch.take_head()? {
+                    break head;
+                }
+                match conn.read_more().await {
+                    Ok(0) if !received => {
+                        return Err(match conn.tcp().take_error() {
+                            Ok(Some(e)) if is_reset(&e) => PoolError::NotSent(Box::new(e)),
+                            _ => PoolError::NoResponse(
+                                "the backend closed the connection without answering".into(),
+                            ),
+                        })
                     }
-                    continue;
+                    Ok(0) => return Err(PoolError::bad_response(H1Error::Incomplete)),
+                    Ok(_) => received = true,
+                    Err(e) if !received && is_reset(&e) => {
+                        return Err(PoolError::NotSent(Box::new(e)))
+                    }
+                    Err(e) if !received => return Err(PoolError::NoResponse(Box::new(e))),
+                    Err(e) => return Err(PoolError::bad_response(e)),
                 }
-                Ok(Some(head)) => break head,
-                Ok(None) => {}
-                Err(e) => return Err(PoolError::bad_response(e)),
-            }
-            match conn.read_more().await {
-                Ok(0) if !received => {
-                    return Err(match conn.tcp().take_error() {
-                        Ok(Some(e)) if is_reset(&e) => PoolError::NotSent(Box::new(e)),
-                        _ => PoolError::NoResponse(
-                            "the backend closed the connection without answering".into(),
-                        ),
-                    })
-                }
-                Ok(0) => return Err(PoolError::bad_response(H1Error::Incomplete)),
-                Ok(_) => received = true,
-                Err(e) if !received && is_reset(&e) => return Err(PoolError::NotSent(Box::new(e))),
-                Err(e) if !received => return Err(PoolError::NoResponse(Box::new(e))),
-                Err(e) => return Err(PoolError::bad_response(e)),
-            }
+            },
         };
         let mut body = H1Body {
             conn: Some(conn),
             decoder: BodyDecoder::new(head.framing),
-            reusable: head.keep_alive,
+            reusable: head.keep_alive && sent_whole,
             streamed: head.framing == http1::Framing::Chunked,
             eof: false,
             home: Some((key.clone(), self.clone())),
@@ -779,39 +784,164 @@ fn h2_refusal(e: &hyper::Error) -> Option<H2Refusal> {
     None
 }
 
-/// Writes every byte of `bufs`, in as few system calls as the socket allows.
-pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> std::io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        let n = io.write_vectored(bufs).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
+/// What the backend has sent while a request is written: its read buffer, and how far into a
+/// response it is.
+struct Watch<'a> {
+    buf: &'a mut BytesMut,
+    head_request: bool,
+    interim: &'a mut usize,
+    received: &'a mut bool,
 }
 
-/// Writes a request head and its body's parts, in vectored writes of at most
-/// [`PARTS_PER_WRITE`] slices (the kernel refuses more than `IOV_MAX`, 1,024).
-async fn write_head_and_parts<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    head: &[u8],
-    body: &HeldBody,
-) -> std::io::Result<()> {
-    let mut slices = Vec::with_capacity(body.parts().len().min(PARTS_PER_WRITE) + 1);
-    slices.push(IoSlice::new(head));
-    for part in body.parts() {
-        if slices.len() == PARTS_PER_WRITE {
-            write_all_vectored(io, &mut slices).await?;
-            slices.clear();
+impl Watch<'_> {
+    /// The final response head in the buffer, past any interim ones; `None` until it is whole.
+    fn take_head(&mut self) -> Result<Option<http1::ResponseHead>, PoolError> {
+        loop {
+            match http1::parse_response(self.buf, self.head_request) {
+                Ok(Some(head)) if head.status == StatusCode::SWITCHING_PROTOCOLS => {
+                    return Err(PoolError::bad_response(
+                        "the backend switched protocols, which the proxy does not forward",
+                    ))
+                }
+                // Interim responses (100, 103) are not forwarded; the final one follows.
+                Ok(Some(head)) if head.status.is_informational() => {
+                    *self.interim += 1;
+                    if *self.interim > MAX_INTERIM_RESPONSES {
+                        return Err(PoolError::bad_response(format!(
+                            "the backend sent more than {MAX_INTERIM_RESPONSES} interim (1xx) \
+                             responses without a final one"
+                        )));
+                    }
+                }
+                Ok(Some(head)) => return Ok(Some(head)),
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(PoolError::bad_response(e)),
+            }
         }
-        slices.push(IoSlice::new(part));
     }
-    write_all_vectored(io, &mut slices).await
+
+    /// Reads what the backend sent: `Ok(false)` at the end of the stream.
+    fn poll_read(
+        &mut self,
+        io: &mut BackendStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<bool>> {
+        http1::reserve_read(self.buf);
+        let read = std::task::ready!(tokio_util::io::poll_read_buf(Pin::new(io), cx, self.buf));
+        let more = read? > 0;
+        *self.received |= more;
+        Poll::Ready(Ok(more))
+    }
+}
+
+/// How writing a request ended.
+enum Written {
+    /// Whole and flushed.
+    Whole,
+    /// Cut short by the backend's final answer.
+    Answered(http1::ResponseHead),
+    /// The connection failed under it.
+    Failed(std::io::Error),
+    /// The backend sent something that is no response.
+    Bad(PoolError),
+}
+
+/// Writes a request (its head, then its body's parts, in vectored writes of at most
+/// [`PARTS_PER_WRITE`] slices) and flushes it, reading whatever the backend sends meanwhile.
+/// A backend may answer before it has read the whole body (a 401 or 413 to a large upload,
+/// RFC 9110 §15.5 and RFC 9112 §9.6) and then stop reading or close: the answer is what the
+/// client should get, so a final response head that arrives while the socket takes no more
+/// of the request ends the write and is returned (`Some`). A write that fails is checked for
+/// such an answer received before the failure, since a backend that closes with the body
+/// unread resets the connection behind its answer; without one it is [`PoolError::NotSent`].
+/// The common case, a request the socket takes at once, reads nothing.
+async fn write_watching(
+    io: &mut BackendStream,
+    bufs: &[&[u8]],
+    watch: &mut Watch<'_>,
+) -> Result<Option<http1::ResponseHead>, PoolError> {
+    let (mut index, mut offset) = (0, 0);
+    let mut read_ended = false;
+    let written = std::future::poll_fn(|cx| loop {
+        while bufs.get(index).is_some_and(|b| b.len() == offset) {
+            (index, offset) = (index + 1, 0);
+        }
+        if index < bufs.len() {
+            let mut slices = [IoSlice::new(&[]); PARTS_PER_WRITE];
+            let mut n = 0;
+            for (slot, b) in slices.iter_mut().zip(&bufs[index..]) {
+                *slot = IoSlice::new(if n == 0 { &b[offset..] } else { b });
+                n += 1;
+            }
+            match Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Written::Failed(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(mut w)) => {
+                    while w > 0 {
+                        let left = bufs[index].len() - offset;
+                        if w < left {
+                            offset += w;
+                            break;
+                        }
+                        w -= left;
+                        (index, offset) = (index + 1, 0);
+                    }
+                    continue;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Written::Failed(e)),
+                Poll::Pending => {}
+            }
+        } else {
+            match Pin::new(&mut *io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => return Poll::Ready(Written::Whole),
+                Poll::Ready(Err(e)) => return Poll::Ready(Written::Failed(e)),
+                Poll::Pending => {}
+            }
+        }
+        // The socket takes no more of the request now: has the backend answered?
+        if read_ended {
+            return Poll::Pending;
+        }
+        match std::task::ready!(watch.poll_read(io, cx)) {
+            Ok(true) => match watch.take_head() {
+                Ok(Some(head)) => return Poll::Ready(Written::Answered(head)),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Written::Bad(e)),
+            },
+            // Closed for reading: the write alone decides.
+            Ok(false) => read_ended = true,
+            Err(e) => return Poll::Ready(Written::Failed(e)),
+        }
+    })
+    .await;
+    match written {
+        Written::Whole => Ok(None),
+        Written::Answered(head) => Ok(Some(head)),
+        Written::Bad(e) => Err(e),
+        Written::Failed(e) => match answered_before(io, watch)? {
+            Some(head) => Ok(Some(head)),
+            None => Err(PoolError::NotSent(Box::new(e))),
+        },
+    }
+}
+
+/// A final response head the backend sent before its connection failed: what is already
+/// received, read without waiting.
+fn answered_before(
+    io: &mut BackendStream,
+    watch: &mut Watch<'_>,
+) -> Result<Option<http1::ResponseHead>, PoolError> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let Some(head) = watch.take_head()? {
+            return Ok(Some(head));
+        }
+        match watch.poll_read(io, &mut cx) {
+            Poll::Ready(Ok(true)) => {}
+            _ => return Ok(None),
+        }
+    }
 }
 
 /// Slices in one vectored write.
