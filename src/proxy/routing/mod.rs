@@ -573,6 +573,7 @@ impl Router {
             index,
             outcome: Outcome::Bound,
             session,
+            moved: None,
         }
     }
 
