@@ -445,6 +445,7 @@ fn title(attack: &str, a: &Args) -> String {
         "pool-metrics" => format!(
             "pool-metrics: epp over {} ready pods, /metrics scraped 3 times",
             report::fmt_num(a.pool_pods as f64)
+        ),
         "self-loop" => format!(
             "self-loop: a proxy whose backend is itself, {} concurrent requests, then {} s of its health probes alone",
             a.loop_requests, a.loop_idle_secs

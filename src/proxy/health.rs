@@ -97,7 +97,13 @@ async fn probe(
     record_probe(&backend, outcome, cfg);
     // Apart from the probe, so a slow answer about the cache never fails one.
     if healthy && backend.kv_cache.asking() {
-        learn_kv_cache(connections, &backend, Duration::from_millis(cfg.timeout_ms), via).await;
+        learn_kv_cache(
+            connections,
+            &backend,
+            Duration::from_millis(cfg.timeout_ms),
+            via,
+        )
+        .await;
     }
 }
 
