@@ -919,30 +919,38 @@ async fn write_watching(
         Written::Whole => Ok(None),
         Written::Answered(head) => Ok(Some(head)),
         Written::Bad(e) => Err(e),
-        Written::Failed(e) => match answered_before(io, watch)? {
+        Written::Failed(e) => match answered_before(io, watch).await? {
             Some(head) => Ok(Some(head)),
             None => Err(PoolError::NotSent(Box::new(e))),
         },
     }
 }
 
-/// A final response head the backend sent before its connection failed: what is already
-/// received, read without waiting.
-fn answered_before(
+/// A final response head the backend sent before its connection failed: what its kernel has
+/// already received. The connection is dead, so the reads end at once (data, then the end or
+/// the error); the bound is for a failure that leaves it open.
+async fn answered_before(
     io: &mut BackendStream,
     watch: &mut Watch<'_>,
 ) -> Result<Option<http1::ResponseHead>, PoolError> {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    loop {
-        if let Some(head) = watch.take_head()? {
-            return Ok(Some(head));
+    let read = async {
+        loop {
+            if let Some(head) = watch.take_head()? {
+                return Ok(Some(head));
+            }
+            match std::future::poll_fn(|cx| watch.poll_read(io, cx)).await {
+                Ok(true) => {}
+                _ => return Ok(None),
+            }
         }
-        match watch.poll_read(io, &mut cx) {
-            Poll::Ready(Ok(true)) => {}
-            _ => return Ok(None),
-        }
-    }
+    };
+    tokio::time::timeout(ANSWER_AFTER_FAILURE, read)
+        .await
+        .unwrap_or(Ok(None))
 }
+
+/// How long a failed write waits for an answer already on its way.
+const ANSWER_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// Slices in one vectored write.
 const PARTS_PER_WRITE: usize = 64;
