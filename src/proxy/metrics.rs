@@ -907,7 +907,7 @@ fn describe(r: &PrometheusRecorder) {
     );
     d(
         "agentrace_epp_refusals_total",
-        "What the endpoint picker refused or cut short, by reason (max_connections, idle_timeout, accept_error, malformed_message, unauthenticated, body_budget, in_flight_expired, served_not_offered).",
+        "What the endpoint picker refused or cut short, by reason (max_connections, idle_timeout, accept_error, malformed_message, unauthenticated, in_flight_expired, served_not_offered).",
         0,
     );
     d(
