@@ -150,7 +150,8 @@ async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
         .flatten()
 }
 
-fn headers_msg(session: &str, end_of_stream: bool) -> ProcessingRequest {
+/// A request-headers message for `session`, asking for the body full-duplex streamed.
+pub fn headers_msg(session: &str, end_of_stream: bool) -> ProcessingRequest {
     let pairs = [
         (":method", "POST"),
         (":path", "/v1/chat/completions"),

@@ -17,12 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request::Request, processing_response::Response, HttpHeaders, ProcessingRequest,
-    ProtocolConfiguration,
-};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
@@ -226,32 +222,7 @@ async fn place(
     session: usize,
 ) -> Result<Duration, String> {
     let started = Instant::now();
-    let headers = [
-        (":method", "POST".to_string()),
-        (":path", "/v1/chat/completions".to_string()),
-        ("x-session-id", format!("s{session}")),
-    ];
-    let msg = ProcessingRequest {
-        request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: headers
-                    .iter()
-                    .map(|(k, v)| HeaderValue {
-                        key: k.to_string(),
-                        raw_value: v.as_bytes().to_vec(),
-                        ..HeaderValue::default()
-                    })
-                    .collect(),
-            }),
-            end_of_stream: true,
-            ..HttpHeaders::default()
-        })),
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: 4,
-            ..ProtocolConfiguration::default()
-        }),
-        ..ProcessingRequest::default()
-    };
+    let msg = crate::epp::headers_msg(&format!("s{session}"), true);
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     tx.send(msg).await.unwrap();
     let outbound =
