@@ -62,6 +62,36 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::config::BackendConfig;
+    use crate::proxy::ProxyConfig;
+
+    #[test]
+    fn the_config_takes_only_a_lower_case_header_name_that_means_nothing_else() {
+        let with = |name: &str| {
+            let mut c = ProxyConfig::default();
+            c.backends = vec![BackendConfig {
+                name: "e0".into(),
+                url: "http://127.0.0.1:8000".into(),
+                weight: 1.0,
+            }];
+            c.epp.selection_header = Some(name.into());
+            c.validate().map_err(|e| e.to_string())
+        };
+        assert!(with("test-epp-endpoint-selection").is_ok());
+        for (name, why) in [
+            ("Test-Epp-Endpoint-Selection", "lower-case HTTP header name"),
+            ("a b", "lower-case HTTP header name"),
+            ("", "lower-case HTTP header name"),
+            ("x-gateway-destination-endpoint", "already means something"),
+            ("x-session-id", "already means something"),
+        ] {
+            let e = with(name).unwrap_err();
+            assert!(
+                e.contains("epp.selection_header") && e.contains(why),
+                "{name:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn an_entry_names_an_exact_endpoint_or_every_port_of_a_host() {
