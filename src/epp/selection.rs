@@ -68,12 +68,14 @@ mod tests {
     #[test]
     fn the_config_takes_only_a_lower_case_header_name_that_means_nothing_else() {
         let with = |name: &str| {
-            let mut c = ProxyConfig::default();
-            c.backends = vec![BackendConfig {
-                name: "e0".into(),
-                url: "http://127.0.0.1:8000".into(),
-                weight: 1.0,
-            }];
+            let mut c = ProxyConfig {
+                backends: vec![BackendConfig {
+                    name: "e0".into(),
+                    url: "http://127.0.0.1:8000".into(),
+                    weight: 1.0,
+                }],
+                ..ProxyConfig::default()
+            };
             c.epp.selection_header = Some(name.into());
             c.validate().map_err(|e| e.to_string())
         };
