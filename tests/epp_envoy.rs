@@ -6,8 +6,10 @@
 //! turns are placed by their conversation fingerprint; the header route and the `envoy.lb`
 //! metadata route send a session to the same replica; a replica failing its health checks gets
 //! no new sessions; with every replica down the client gets 503; with the picker down, Envoy's
-//! configured failure mode (`failure_mode_allow: false`: 500) answers; and a conversation's
-//! placement through Envoy is the one the proxy gives over the same backends.
+//! configured failure mode (`failure_mode_allow: false`: 500) answers, and with
+//! `failure_mode_allow: true` a request goes on to the route's default pool; a conversation's
+//! placement through Envoy is the one the proxy gives over the same backends; and two pickers
+//! behind two Envoys, sharing nothing, place a session alike.
 
 mod support;
 
@@ -18,6 +20,7 @@ use serde_json::{json, Value};
 use support::backends::TestBackend;
 use support::envoy::{self, Envoy};
 use support::epp::{self as fixture, TestEpp};
+use support::epp_process::{config_toml, EppProcess};
 use support::sim::{request, test_config, Reply, Sim};
 
 /// A chat request of `messages` with a short answer.
@@ -290,4 +293,138 @@ async fn a_conversations_placement_through_envoy_equals_the_proxys() {
     assert_eq!(with_header, proxy_header, "header placement differs");
     proxy.shutdown().await;
     s.stop().await;
+}
+
+/// Two `agentrace epp` processes over the same replicas, each behind its own Envoy, sharing
+/// nothing: the same conversation sent through either Envoy, turn by turn alternately, lands
+/// on one replica (by its session header, and header-less by its fingerprint), as the
+/// replicas themselves report (`x-inference-pod`). With `affinity.choices = 1`: with more, a
+/// new session's start depends on the context each picker placed itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pickers_behind_two_envoys_place_a_session_alike() {
+    let Some(bin) = envoy::binary_or_skip("two_pickers_behind_two_envoys_place_a_session_alike")
+    else {
+        return;
+    };
+    let sim = Sim::start(test_config(), 4);
+    let list: Vec<(String, SocketAddr)> = sim
+        .cluster
+        .replica_names()
+        .into_iter()
+        .zip(sim.cluster.addrs())
+        .collect();
+    let config = format!("[affinity]\nchoices = 1\n\n{}", config_toml(&list, ""));
+    let pickers = [
+        EppProcess::spawn(&config).await,
+        EppProcess::spawn(&config).await,
+    ];
+    let envoys = [
+        Envoy::start(&bin, &envoy::gateway_config(pickers[0].addr, false)).await,
+        Envoy::start(&bin, &envoy::gateway_config(pickers[1].addr, false)).await,
+    ];
+    for header in [true, false] {
+        let mut placement = BTreeMap::new();
+        for s in 0..10 {
+            let tag = format!("two-{header}-{s}");
+            let mut messages = opening(&tag);
+            let mut pods = Vec::new();
+            for t in 0..4 {
+                // Sessions start on either side; turns alternate.
+                let envoy = &envoys[(s + t) % 2];
+                let headers: Vec<(&str, &str)> = if header {
+                    vec![("x-session-id", &tag)]
+                } else {
+                    vec![]
+                };
+                let reply = chat(envoy.addr, "/v1/chat/completions", &messages, &headers).await;
+                assert_eq!(reply.status, 200, "{tag} turn {t}");
+                pods.push(reply.pod());
+                messages.push(json!({"role": "assistant", "content": format!("done step {t}")}));
+                messages.push(json!({"role": "user", "content": format!("now step {}", t + 1)}));
+            }
+            placement.insert(tag, pods);
+        }
+        for (session, pods) in &placement {
+            if pods.iter().any(|p| *p != pods[0]) {
+                let a = pickers[0].metrics().await;
+                let b = pickers[1].metrics().await;
+                let keep = |m: &str| {
+                    m.lines()
+                        .filter(|l| {
+                            l.contains("decision") || l.contains("outcome") || l.contains("moved")
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                };
+                panic!(
+                    "{session} moved: {pods:?}\n--- a\n{}\n--- b\n{}",
+                    keep(&a),
+                    keep(&b)
+                );
+            }
+        }
+        assert_sticky(&placement);
+    }
+    drop(envoys);
+    for p in pickers {
+        p.stop().await;
+    }
+    sim.stop().await;
+}
+
+/// FailOpen: with the picker stopped, `failure_mode_allow: true` lets a request through to
+/// the route's default pool (any replica), and `false` fails it with a 5xx; while the picker
+/// runs, both go where it says. (The body goes to the picker `BUFFERED`: Envoy 1.40 fails a
+/// `FULL_DUPLEX_STREAMED` request closed whatever `failure_mode_allow` says.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_picker_stopped_fail_open_reaches_the_default_pool_and_fail_closed_is_5xx() {
+    let Some(bin) = envoy::binary_or_skip(
+        "with_the_picker_stopped_fail_open_reaches_the_default_pool_and_fail_closed_is_5xx",
+    ) else {
+        return;
+    };
+    let sim = Sim::start(test_config(), 2);
+    let list: Vec<(String, SocketAddr)> = sim
+        .cluster
+        .replica_names()
+        .into_iter()
+        .zip(sim.cluster.addrs())
+        .collect();
+    let addrs = sim.cluster.addrs();
+    for allow in [true, false] {
+        let picker = EppProcess::spawn(&config_toml(&list, "")).await;
+        let yaml = envoy::default_pool_config(picker.addr, allow, &addrs);
+        let envoy = Envoy::start(&bin, &yaml).await;
+        let session = [("x-session-id", "fail-open")];
+        let up = chat(envoy.addr, "/v1/chat/completions", &opening("f"), &session).await;
+        assert_eq!(
+            up.status, 200,
+            "allow={allow}: placed while the picker runs"
+        );
+        picker.stop().await;
+        let down = chat(envoy.addr, "/v1/chat/completions", &opening("f"), &session).await;
+        if allow {
+            assert_eq!(
+                down.status,
+                200,
+                "failure_mode_allow: true goes on to the default pool: {}\n{}",
+                String::from_utf8_lossy(&down.body()),
+                envoy.log()
+            );
+            let names = sim.cluster.replica_names();
+            assert!(
+                names.contains(&down.pod()),
+                "{} is not a replica",
+                down.pod()
+            );
+        } else {
+            assert!(
+                (500..600).contains(&down.status),
+                "failure_mode_allow: false fails closed, got {}",
+                down.status
+            );
+        }
+        drop(envoy);
+    }
+    sim.stop().await;
 }

@@ -13,10 +13,11 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use http::Method;
 
 use super::reply;
+use super::selection::Selection;
 use super::Picker;
 use crate::http1::Fields;
 use crate::proxy::budget::{BodyBudget, Charge};
-use crate::proxy::routing::{session_key, Commit, InFlight, Outcome, SessionKey};
+use crate::proxy::routing::{session_key, Commit, InFlight, Outcome, Pool, SessionKey};
 use crate::tap::KeySource;
 
 /// `BodySendMode::FULL_DUPLEX_STREAMED`: the body passes through the picker, which may hold it.
@@ -365,6 +366,7 @@ impl Exchange {
                 })
                 .collect(),
         };
+        let excluded = self.selected(headers, &pool, excluded)?;
         let candidates = || {
             (0..pool.backends.len())
                 .filter(|i| !excluded.contains(i))
@@ -408,6 +410,41 @@ impl Exchange {
             key,
             in_flight: Some(InFlight::new(backend.clone())),
         })
+    }
+
+    /// With `epp.selection_header` set and present, also excludes the endpoints it does not
+    /// name. Naming none of those left is a `429`, as the conformance suite expects of a
+    /// request the picker drops.
+    fn selected(
+        &self,
+        headers: &Headers,
+        pool: &Pool,
+        mut excluded: Vec<usize>,
+    ) -> Result<Vec<usize>, Refusal> {
+        let Some(name) = self.picker.selection_header.as_deref() else {
+            return Ok(excluded);
+        };
+        let Some(selection) = headers.first(name).and_then(Selection::parse) else {
+            return Ok(excluded);
+        };
+        let allowed: Vec<usize> = (0..pool.backends.len())
+            .filter(|i| !excluded.contains(i))
+            .collect();
+        let unnamed: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|&i| !selection.names(pool.backends[i].url.server.authority.as_str()))
+            .collect();
+        // No endpoint allowed at all (an empty subset) stays the protocol's 503.
+        if !allowed.is_empty() && unnamed.len() == allowed.len() {
+            return Err(Refusal {
+                status: 429,
+                kind: "not_selected",
+                message: format!("{name} names no endpoint of the pool"),
+            });
+        }
+        excluded.extend(unnamed);
+        Ok(excluded)
     }
 
     /// The gateway says another endpoint than the one picked served the request (it went down

@@ -18,6 +18,7 @@ mod listener;
 mod pool_metrics;
 mod pool_watch;
 mod reply;
+mod selection;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -161,6 +162,8 @@ pub(crate) struct Picker {
     in_flight_max_ms: AtomicU64,
     /// The token of `epp.token_file`, re-read on reload.
     token: Mutex<Option<Secret>>,
+    /// `epp.selection_header` (restart to change).
+    selection_header: Option<String>,
 }
 
 impl Picker {
@@ -406,6 +409,7 @@ pub async fn start(
         shed_in_flight: AtomicU64::new(shed),
         in_flight_max_ms: AtomicU64::new(config.epp.in_flight_max_ms),
         token: Mutex::new(token),
+        selection_header: config.epp.selection_header.clone(),
     });
     let admin_addr = placement.admin_addr;
     let shared = Arc::new(Shared {
@@ -524,6 +528,11 @@ impl EppHandle {
             )
         {
             tracing::warn!("epp.max_connections and epp.idle_timeout_ms changes need a restart; keeping the running values");
+        }
+        if config.epp.selection_header != running.file.epp.selection_header {
+            tracing::warn!(
+                "epp.selection_header changes need a restart; keeping the running value"
+            );
         }
         let shed = config.epp.shed_in_flight;
         let in_flight_max_ms = config.epp.in_flight_max_ms;

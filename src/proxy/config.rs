@@ -89,6 +89,12 @@ pub struct EppConfig {
     /// empty): the ready pods its selector matches, at each of its target ports.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference_pool: Option<InferencePoolConfig>,
+    /// A request header naming the endpoints a request must go to (`ip:port` or `ip`,
+    /// comma-separated), for the Gateway API Inference Extension's conformance suite, which
+    /// sends `test-epp-endpoint-selection`. Absent: off, since any client could steer its own
+    /// requests with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection_header: Option<String>,
 }
 
 impl Default for EppConfig {
@@ -100,6 +106,7 @@ impl Default for EppConfig {
             in_flight_max_ms: 600_000,
             token_file: None,
             inference_pool: None,
+            selection_header: None,
         }
     }
 }
@@ -778,6 +785,37 @@ impl ProxyConfig {
             if value == 0 {
                 return bad(format!("{field}: must be > 0, got 0"));
             }
+        }
+        self.validate_selection_header()
+    }
+
+    /// The selection header is a lower-case header name, and not one the picker or the
+    /// gateway already give a meaning.
+    fn validate_selection_header(&self) -> Result<(), ConfigError> {
+        let Some(name) = &self.epp.selection_header else {
+            return Ok(());
+        };
+        let token = !name.is_empty()
+            && name.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+            });
+        if !token {
+            return Err(ConfigError::Invalid(format!(
+                "epp.selection_header: must be a lower-case HTTP header name, got {name:?}"
+            )));
+        }
+        let session_header = if self.affinity.headers.is_empty() {
+            DEFAULT_SESSION_HEADERS.contains(&name.as_str())
+        } else {
+            self.affinity
+                .headers
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(name))
+        };
+        if name.starts_with("x-gateway-") || session_header {
+            return Err(ConfigError::Invalid(format!(
+                "epp.selection_header: {name:?} already means something (a gateway header or a session header)"
+            )));
         }
         Ok(())
     }

@@ -60,6 +60,11 @@ pub fn gateway_config(epp: SocketAddr, failure_mode_allow: bool) -> String {
 }
 
 impl Envoy {
+    /// What Envoy has logged so far (warnings and errors), for a failing assertion.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("envoy.log")).unwrap_or_default()
+    }
+
     /// Starts `binary` on `yaml` and waits until its gateway listener is bound.
     pub async fn start(binary: &Path, yaml: &str) -> Envoy {
         let dir = tempfile::tempdir().unwrap();
@@ -133,4 +138,67 @@ impl Envoy {
         let port = sock["port_value"].as_u64()?;
         (port != 0).then(|| SocketAddr::from(([127, 0, 0, 1], port as u16)))
     }
+}
+
+/// The gateway config with `/` routed to a cluster of `endpoints` (the default pool) that
+/// goes where the picker's `x-gateway-destination-endpoint` says, and falls back to round
+/// robin over the pool when no picker answered: what `failure_mode_allow: true` lets through.
+/// The request body goes to the picker `BUFFERED`: in `FULL_DUPLEX_STREAMED` mode Envoy 1.40
+/// fails the request closed with the picker down, whatever `failure_mode_allow` says.
+pub fn default_pool_config(
+    epp: SocketAddr,
+    failure_mode_allow: bool,
+    endpoints: &[SocketAddr],
+) -> String {
+    let routed = "route: { cluster: picked_by_header, timeout: 0s }";
+    let base = gateway_config(epp, failure_mode_allow);
+    assert!(
+        base.contains(routed),
+        "the gateway config routes `/` by the header"
+    );
+    let members: String = endpoints
+        .iter()
+        .map(|e| {
+            format!(
+                "        - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                e.ip(),
+                e.port()
+            )
+        })
+        .collect();
+    let pool = format!(
+        r#"  - name: default_pool
+    type: STATIC
+    connect_timeout: 2s
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources:
+            - header: x-gateway-destination-endpoint
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.round_robin
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin
+    load_assignment:
+      cluster_name: default_pool
+      endpoints:
+      - lb_endpoints:
+{members}"#
+    );
+    let mut yaml = base
+        .replace(routed, "route: { cluster: default_pool, timeout: 0s }")
+        .replace(
+            "request_body_mode: FULL_DUPLEX_STREAMED",
+            "request_body_mode: BUFFERED",
+        );
+    if !yaml.ends_with('\n') {
+        yaml.push('\n');
+    }
+    yaml.push_str(&pool);
+    yaml
 }

@@ -9,6 +9,7 @@ pub mod docs;
 pub mod engine;
 pub mod envoy;
 pub mod epp;
+pub mod epp_process;
 pub mod proxy_process;
 pub mod raw_h2;
 pub mod raw_http1;
