@@ -8,6 +8,7 @@ pub(crate) mod decode;
 pub(crate) mod events;
 pub(crate) mod metrics;
 pub mod open_loop;
+pub mod owners;
 pub(crate) mod per_target;
 pub(crate) mod report;
 pub(crate) mod scheduler;
