@@ -363,6 +363,8 @@ pub async fn run(
             gpus: config.gpus,
         },
     );
+    let turns_path = out_dir.join("turns.jsonl");
+    owners::write_turn_records(&turns_path, &result.turns).map_err(|e| out_err(&turns_path, &e))?;
     let scores =
         scorer::score_events(&events_path, &dataset).map_err(|e| out_err(&events_path, &e))?;
     let scores_path = out_dir.join("scores.json");

@@ -366,5 +366,33 @@ fn prefix_optimum(dataset: &Dataset) -> Option<f64> {
     (total > 0).then(|| reusable as f64 / total as f64)
 }
 
+/// `turns.jsonl`: one line per turn with the figures every section above is computed from,
+/// so another tool can recompute any of them from the same records.
+pub(crate) fn write_turn_records(
+    path: &std::path::Path,
+    turns: &[TurnRecord],
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for t in turns {
+        let line = serde_json::json!({
+            "instance": t.instance,
+            "slot": t.slot,
+            "kind": t.kind.as_str(),
+            "tracked": t.tracked,
+            "scheduled_ns": t.intended_ns,
+            "issued_ns": t.issued_ns,
+            "first_token_ns": t.first_token_ns,
+            "complete_ns": t.complete_ns,
+            "output_tokens": t.output_tokens,
+            "prompt_tokens": t.prompt_tokens,
+            "cached_tokens": t.cached_tokens,
+        });
+        serde_json::to_writer(&mut out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
 #[cfg(test)]
 mod tests;
