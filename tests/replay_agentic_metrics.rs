@@ -66,21 +66,21 @@ async fn every_agentic_metric_is_reported_under_its_owner_and_agrees_with_the_ru
         ),
         (Some(6), Some(0), Some(0))
     );
+    // Tracking stops when the first user finds nothing left to start, so the other user's
+    // last turns may fall outside the window: goodput counts the tracked ones.
     let g = &a["goodput"];
-    assert_eq!(
-        (g["agents_meeting"].as_u64(), g["agents"].as_u64()),
-        (Some(6), Some(6))
-    );
-    assert_eq!(
-        (g["turns_meeting"].as_u64(), g["turns"].as_u64()),
-        (Some(18), Some(18))
-    );
+    let tracked = m["turns"]["tracked_issued"].as_u64().unwrap();
+    assert_eq!(g["turns"].as_u64(), Some(tracked));
+    assert_eq!(g["turns_meeting"].as_u64(), Some(tracked));
+    let agents = g["agents"].as_u64().unwrap();
+    assert!(agents >= 5, "{g}");
+    assert_eq!(g["agents_meeting"].as_u64(), Some(agents));
     let jobs = &a["trtllm_jobs"];
     let per_user = jobs["jobs_per_hour_per_user"].as_f64().unwrap();
     let per_gpu = jobs["jobs_per_hour_per_gpu"].as_f64().unwrap();
     assert!(per_user > 0.0 && (per_gpu - per_user * 2.0 / 4.0).abs() < 1e-6 * per_user);
     let ix = &a["inferencex_aiperf"];
-    assert_eq!(ix["requests"].as_u64(), Some(18));
+    assert_eq!(ix["requests"], m["turns"]["tracked_ok"]);
     assert!(ix["e2e_normalized_interactivity_p90"].as_f64().unwrap() > 0.0);
     // Three turns each, each prompt extending the last: a perfect cache reuses some of it.
     let optimum = a["prefix_cache"]["optimum_hit"].as_f64().unwrap();
@@ -98,7 +98,7 @@ async fn every_agentic_metric_is_reported_under_its_owner_and_agrees_with_the_ru
         "MLPerf Endpoints v1.0",
         "InferenceX / AIPerf",
         "TensorRT-LLM jobs",
-        "goodput (ttft_p90=60000ms,interactivity=0.001)  agents 6 of 6",
+        "goodput (ttft_p90=60000ms,interactivity=0.001)  agents",
         "coordinated omission corrected",
         "completed 6 failed 0 truncated 0",
         "prefix cache",
