@@ -261,6 +261,8 @@ fn replay_reference_lists_exactly_the_replay_keys_and_real_flags() {
         "api_key_env",
         "accuracy_threshold",
         "osl_band",
+        "slo",
+        "gpus",
     ];
     accepted.extend(optional.iter().map(|k| k.to_string()));
     assert_eq!(

@@ -99,6 +99,13 @@ pub(crate) struct RunFlags {
     /// Exit non-zero when a gate fails.
     #[arg(long)]
     pub require_pass: bool,
+    /// SLO tier for goodput, e.g. `ttft_p90=2s,interactivity=30` (terms: ttft_pNN, tpot_pNN,
+    /// latency_pNN with a unit; interactivity in tok/s per user).
+    #[arg(long)]
+    pub slo: Option<super::slo::Slo>,
+    /// GPUs serving the target: reports jobs per hour per GPU.
+    #[arg(long)]
+    pub gpus: Option<u32>,
 }
 
 /// Flags of `agentrace replay`.
@@ -201,6 +208,12 @@ pub(crate) fn resolve(
     set!(max_duration_s, flags.max_duration);
     set!(official_rules, flags.official_rules);
     c.progress = !flags.no_progress;
+    if flags.slo.is_some() {
+        c.slo = flags.slo.clone();
+    }
+    if flags.gpus.is_some() {
+        c.gpus = flags.gpus;
+    }
     Ok(c)
 }
 

@@ -208,6 +208,12 @@ pub struct ReplayConfig {
     pub official_rules: bool,
     /// Live progress line on stderr.
     pub progress: bool,
+    /// An SLO tier (`ttft_p90=2s,interactivity=30`): goodput counts the agents and turns
+    /// meeting it; absent, no goodput is reported.
+    pub slo: Option<super::slo::Slo>,
+    /// GPUs serving the target, for jobs per hour per GPU; absent, that figure is not
+    /// reported.
+    pub gpus: Option<u32>,
 }
 
 impl Default for ReplayConfig {
@@ -240,6 +246,8 @@ impl Default for ReplayConfig {
             osl_band: None,
             official_rules: false,
             progress: false,
+            slo: None,
+            gpus: None,
         }
     }
 }
@@ -357,6 +365,9 @@ impl ReplayConfig {
         }
         if self.concurrency == 0 {
             return bad("concurrency", "must be >= 1, got 0".into());
+        }
+        if self.gpus == Some(0) {
+            return bad("gpus", "must be >= 1 when given, got 0".into());
         }
         if self.dataset_max_line_bytes < 1024 {
             return bad(

@@ -372,7 +372,8 @@ pub struct Metrics {
     pub qps_reference: f64,
     /// Σ tracked OSL / tracked duration (the policy's `system_tps`).
     pub system_tps: f64,
-    /// Σ OSL / Σ turn e2e seconds over tracked successful turns with OSL > 0.
+    /// Σ OSL / Σ turn e2e seconds over tracked successful turns (MLPerf's
+    /// `e2e_avg_interactivity`).
     pub e2e_interactivity: f64,
     /// 1000 / TPOT p90 (ms).
     pub tps_per_user: f64,
@@ -513,7 +514,9 @@ pub(crate) fn compute(w: &Window<'_>) -> Metrics {
         m.system_tps = osl_sum as f64 / dur_s;
     }
     let (mut osl, mut e2e) = (0u64, 0u64);
-    for t in good.iter().filter(|t| t.output_tokens > 0) {
+    // Every completed turn's time counts, as the policy's "across completed turns": a turn
+    // that answered nothing still kept its user waiting.
+    for t in &good {
         osl += t.output_tokens;
         e2e += t.complete_ns - t.issued_ns;
     }

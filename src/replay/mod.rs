@@ -8,10 +8,12 @@ pub(crate) mod decode;
 pub(crate) mod events;
 pub(crate) mod metrics;
 pub mod open_loop;
+pub mod owners;
 pub(crate) mod per_target;
 pub(crate) mod report;
 pub(crate) mod scheduler;
 pub mod scorer;
+pub mod slo;
 pub mod sweep;
 
 use std::path::Path;
@@ -333,7 +335,7 @@ pub async fn run(
         bar.finish_and_clear();
     }
 
-    let metrics = metrics::compute(&metrics::Window {
+    let window = metrics::Window {
         turns: &result.turns,
         trajectories: &result.trajectories,
         lags_ns: &result.lags_ns,
@@ -342,7 +344,8 @@ pub async fn run(
         concurrency: config.concurrency,
         issued_after_stop,
         failure_reasons: &result.failure_reasons,
-    });
+    };
+    let metrics = metrics::compute(&window);
     let targets: Vec<String> = config.target.iter().cloned().collect();
     let per_target = per_target::compute(
         &targets,
@@ -350,6 +353,18 @@ pub async fn run(
         &result.trajectories,
         metrics.tracked_duration_ns,
     );
+    let by_owner = owners::compute(
+        &window,
+        &metrics,
+        &owners::Context {
+            dataset: &dataset,
+            budget,
+            slo: config.slo.as_ref(),
+            gpus: config.gpus,
+        },
+    );
+    let turns_path = out_dir.join("turns.jsonl");
+    owners::write_turn_records(&turns_path, &result.turns).map_err(|e| out_err(&turns_path, &e))?;
     let scores =
         scorer::score_events(&events_path, &dataset).map_err(|e| out_err(&events_path, &e))?;
     let scores_path = out_dir.join("scores.json");
@@ -368,9 +383,11 @@ pub async fn run(
         clock_zero_monotonic_ns: clock_zero_ns,
         event_lines: lines,
         per_target: &per_target,
+        by_owner: &by_owner,
     });
     write_json(&summary_path, &doc)?;
-    let text = report::report_text(&config, &dataset, &metrics, &summary, &per_target);
+    let mut text = report::report_text(&config, &dataset, &metrics, &summary, &per_target);
+    report::by_owner_lines(&mut text, &by_owner);
     let report_path = out_dir.join("report.txt");
     std::fs::write(&report_path, text).map_err(|e| out_err(&report_path, &e))?;
     Ok(summary)

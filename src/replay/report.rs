@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::config::ReplayConfig;
 use super::metrics::{Metrics, Series};
+use super::owners::ByOwner;
 use super::per_target::TargetFigures;
 use super::scheduler::Progress;
 use super::scorer::Scores;
@@ -158,6 +159,8 @@ pub(crate) struct SummaryInputs<'a> {
     pub event_lines: u64,
     /// Each endpoint's share, in `config.target`'s order.
     pub per_target: &'a [TargetFigures],
+    /// The agentic metrics, one section per owner.
+    pub by_owner: &'a ByOwner,
 }
 
 /// `result_summary.json`: the reference's keys first, then agentrace's additions.
@@ -230,6 +233,7 @@ pub(crate) fn result_summary(i: SummaryInputs<'_>) -> serde_json::Value {
         "metrics": m,
         "accuracy": {"score": i.scores.score, "repeats": i.scores.repeats, "missing": i.scores.missing},
         "events_jsonl_lines": i.event_lines,
+        "agentic_metrics": i.by_owner,
     })
 }
 
@@ -413,6 +417,95 @@ pub(crate) fn report_text(
     }
     let _ = writeln!(o, "rates use: {}", m.turn_filter);
     o
+}
+
+/// The agentic metrics in `report.txt`, each line under its owner's name (formulas in
+/// `result_summary.json`'s `agentic_metrics` and on the outputs page).
+pub(crate) fn by_owner_lines(o: &mut String, b: &ByOwner) {
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |v| f(v, prec));
+    let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1}%", v * 100.0));
+    let _ = writeln!(
+        o,
+        "agentic metrics by owner (result_summary.json agentic_metrics)"
+    );
+    let ml = &b.mlperf_endpoints_v1_0;
+    let _ = writeln!(
+        o,
+        "  MLPerf Endpoints v1.0   e2e_avg_interactivity {} tok/s/user  ttft_p90 {} ms  system_tps {} tok/s  budget {}x dataset",
+        f(ml.e2e_avg_interactivity, 1),
+        f(ml.ttft_p90_ms, 1),
+        f(ml.system_tps, 1),
+        f(ml.trajectories_in_dataset_multiples, 2)
+    );
+    let ix = &b.inferencex_aiperf;
+    let _ = writeln!(
+        o,
+        "  InferenceX / AIPerf     E2E normalized interactivity p90 {}  p75 {} tok/s/user ({} requests)",
+        opt(ix.e2e_normalized_interactivity_p90, 1),
+        opt(ix.e2e_normalized_interactivity_p75, 1),
+        ix.requests
+    );
+    let jobs = &b.trtllm_jobs;
+    let _ = writeln!(
+        o,
+        "  TensorRT-LLM jobs       {} jobs  {} jobs/h/user  {}",
+        jobs.jobs_completed,
+        f(jobs.jobs_per_hour_per_user, 1),
+        jobs.jobs_per_hour_per_gpu
+            .map_or("jobs/h/GPU - (give --gpus N)".into(), |v| format!(
+                "{} jobs/h/GPU ({} GPUs)",
+                f(v, 1),
+                jobs.gpus.unwrap_or(0)
+            ))
+    );
+    let g = &b.goodput;
+    match &g.slo {
+        Some(slo) => {
+            let _ = writeln!(
+                o,
+                "  goodput ({slo})  agents {} of {} ({})  turns {} of {} ({})",
+                g.agents_meeting,
+                g.agents,
+                pct(g.agents_share),
+                g.turns_meeting,
+                g.turns,
+                pct(g.turns_share)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "  goodput                 - (give --slo, e.g. ttft_p90=2s,interactivity=30)"
+            );
+        }
+    }
+    let co = &b.coordinated_omission;
+    let grid = |m: &std::collections::BTreeMap<&'static str, f64>| {
+        ["p50", "p90", "p99"]
+            .iter()
+            .map(|k| m.get(k).map_or("-".into(), |v| f(*v, 1)))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let _ = writeln!(
+        o,
+        "  latency p50/p90/p99 ms  from send {}  from scheduled start {} (coordinated omission corrected)",
+        grid(&co.latency_ms),
+        grid(&co.latency_from_scheduled_start_ms)
+    );
+    let so = &b.session_outcomes;
+    let _ = writeln!(
+        o,
+        "  sessions                completed {} failed {} truncated {}",
+        so.completed, so.failed, so.truncated
+    );
+    let pc = &b.prefix_cache;
+    let _ = writeln!(
+        o,
+        "  prefix cache            optimum {} (dataset alone)  measured {}",
+        pct(pc.optimum_hit),
+        pct(pc.measured_hit)
+    );
 }
 
 /// One line per endpoint: its share of the work and how it served it.

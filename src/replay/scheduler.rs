@@ -91,6 +91,9 @@ impl Finish {
 pub(crate) struct TurnRecord {
     /// Slot (user) index.
     pub slot: u32,
+    /// The trajectory instance it belongs to (k-th started in the phase): groups an agent's
+    /// turns for per-agent figures.
+    pub instance: u64,
     /// Index of the endpoint it went to (`ReplayConfig::target`).
     pub target: u32,
     /// How it ended.
@@ -130,6 +133,8 @@ pub(crate) struct TurnRecord {
 pub(crate) struct TrajectoryRecord {
     /// Slot that ran it.
     pub slot: u32,
+    /// Its instance number (k-th started in the phase).
+    pub instance: u64,
     /// Index of the endpoint all its turns went to.
     pub target: u32,
     /// First ISSUED.
@@ -344,6 +349,7 @@ async fn run_trajectory(
 
     let mut traj = TrajectoryRecord {
         slot,
+        instance: k,
         target: target as u32,
         start_ns: 0,
         end_ns: 0,
@@ -481,6 +487,7 @@ async fn run_trajectory(
 
         let mut record = TurnRecord {
             slot,
+            instance: k,
             target: target as u32,
             kind: TurnKind::Ok,
             tracked,
@@ -674,7 +681,7 @@ async fn exchange_on(
 async fn abort_remaining(
     phase: &Phase,
     (slot, target): (u32, u32),
-    _k: u64,
+    k: u64,
     logical: &Arc<str>,
     rest: &[crate::dataset::ClientTurn],
     reason: &str,
@@ -715,6 +722,7 @@ async fn abort_remaining(
         phase.progress.errors.fetch_add(1, Ordering::Relaxed);
         out.turns.push(TurnRecord {
             slot,
+            instance: k,
             target,
             kind: TurnKind::Aborted,
             tracked: !phase.warmup && phase.tracking.load(Ordering::SeqCst) == TRACKING,
