@@ -4,8 +4,9 @@
 # CONVERSATIONS conversations of the public MLPerf sample, each cut to its first TURNS client
 # turns, at most 32 new tokens a turn, greedy. A fresh server for every run, so no API replays into a
 # prefix cache another filled; the order of the APIs rotates from run to run. Prints one row
-# per run and API: TTFT p50/p90 (ms), output tokens/s and the ratio of each to chat's in the
-# same run.
+# per run and API: TTFT p50/p90 (ms), output tokens/s, the mean prompt tokens the server
+# counted (the same conversation in every API should give about the same) and the ratio of
+# each figure to chat's in the same run.
 #
 #   scripts/bench-replay-apis.sh [CONVERSATIONS=3] [TURNS=4] [RUNS=3] [CONCURRENCY=2]
 #
@@ -80,10 +81,10 @@ start_engine() {
 }
 
 apis=(chat messages responses)
-printf '%-4s %-10s %10s %10s %10s %8s %8s %8s\n' run api ttft_p50 ttft_p90 out_tok_s \
-    p50/chat p90/chat tps/chat
+printf '%-4s %-10s %10s %10s %10s %8s %8s %8s %8s\n' run api ttft_p50 ttft_p90 out_tok_s \
+    isl p50/chat p90/chat tps/chat
 for run in $(seq "$runs"); do
-    declare -A p50=() p90=() tps=()
+    declare -A p50=() p90=() tps=() isl=()
     shift_by=$(( (run - 1) % 3 ))
     order=("${apis[@]:$shift_by}" "${apis[@]:0:$shift_by}")
     for api in "${order[@]}"; do
@@ -92,23 +93,24 @@ for run in $(seq "$runs"); do
         out="$work/run$run-$api"
         "$bin" replay --config "$work/replay.toml" --target "http://127.0.0.1:$port" \
             --dataset "$work/cut.jsonl" --api "$api" --no-progress --out "$out" >/dev/null
-        read -r p50["$api"] p90["$api"] tps["$api"] < <(python3 - "$out" <<'EOF'
+        read -r p50["$api"] p90["$api"] tps["$api"] isl["$api"] < <(python3 - "$out" <<'EOF'
 import json, sys
-h = json.load(open(sys.argv[1] + "/result_summary.json"))["headline"]
+doc = json.load(open(sys.argv[1] + "/result_summary.json"))
+h = doc["headline"]
 if h["failures"]:
     reasons = json.load(open(sys.argv[1] + "/result_summary.json"))["failure_counts"]["top_reasons"]
     sys.exit(f"{sys.argv[1]}: {h['failures']} failed turns: {reasons}")
-print(h["ttft_p50_ms"], h["ttft_p90_ms"], h["system_tps"])
+print(h["ttft_p50_ms"], h["ttft_p90_ms"], h["system_tps"], doc["input_sequence_lengths"]["avg"])
 EOF
 )
         stop_all
     done
     for api in "${apis[@]}"; do
         python3 -c 'import sys
-run, api, a50, a90, atps, c50, c90, ctps = sys.argv[1:]
-a50, a90, atps, c50, c90, ctps = map(float, (a50, a90, atps, c50, c90, ctps))
-print(f"{run:<4} {api:<10} {a50:10.1f} {a90:10.1f} {atps:10.1f} {a50/c50:8.2f} {a90/c90:8.2f} {atps/ctps:8.2f}")' \
-            "$run" "$api" "${p50[$api]}" "${p90[$api]}" "${tps[$api]}" \
+run, api, a50, a90, atps, isl, c50, c90, ctps = sys.argv[1:]
+a50, a90, atps, isl, c50, c90, ctps = map(float, (a50, a90, atps, isl, c50, c90, ctps))
+print(f"{run:<4} {api:<10} {a50:10.1f} {a90:10.1f} {atps:10.1f} {isl:8.0f} {a50/c50:8.2f} {a90/c90:8.2f} {atps/ctps:8.2f}")' \
+            "$run" "$api" "${p50[$api]}" "${p90[$api]}" "${tps[$api]}" "${isl[$api]}" \
             "${p50[chat]}" "${p90[chat]}" "${tps[chat]}"
     done
 done
