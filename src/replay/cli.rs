@@ -102,7 +102,7 @@ pub(crate) struct RunFlags {
     /// The wire every turn is written in: chat (/v1/chat/completions), messages (Anthropic
     /// Messages, /v1/messages) or responses (OpenAI Responses, /v1/responses); official runs
     /// use chat [config: api, default chat].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, hide_possible_values = true)]
     pub api: Option<crate::wire::Api>,
     /// With --api responses: chain turns with previous_response_id and send only the new
     /// items, as Codex does (the server must keep each response) [config: responses_chain].

@@ -476,7 +476,7 @@ impl ReplayConfig {
                 field: "api",
                 message: format!(
                     "official runs (official_rules = true) replay Chat Completions, got {:?} \
-                     (use api = \"chat\", or official_rules = false)",
+                     (use --api chat / api = \"chat\", or official_rules = false)",
                     self.api.as_str()
                 ),
             });
