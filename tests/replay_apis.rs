@@ -234,26 +234,20 @@ async fn a_chained_turn_the_server_lost_fails_with_its_reason() {
     cfg.responses_chain = true;
     cfg.concurrency = 1;
     cfg.num_trajectories = Some(1);
+    // The first turn's response is stored; the server has lost it when the second arrives.
+    server.forget_responses_after(1);
     let out = tempfile::tempdir().unwrap();
-    let ds = dataset(vec![conversation("conv-a", 2, &[5.0], "ls")]);
+    let ds = dataset(vec![conversation("conv-a", 2, &[], "ls")]);
     cfg.target = server.url().as_str().into();
-    cfg.inject_tool_delay = true;
-    cfg.time_scale = 0.0;
-    let run = tokio::spawn(agentrace::replay::run(
-        cfg,
-        ds,
-        out.path().to_path_buf().leak(),
-        no_shutdown(),
-    ));
-    // The first turn's response is stored; it is forgotten before the second turn arrives.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while server.received().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "no first turn");
-        tokio::task::yield_now().await;
-    }
-    server.forget_responses();
-    let summary = run.await.unwrap().unwrap();
-    let _ = summary;
+    let summary = agentrace::replay::run(cfg, ds, out.path(), no_shutdown())
+        .await
+        .unwrap();
+    assert_eq!((summary.turns_ok, summary.failures), (1, 1), "{summary:?}");
+    assert_eq!(
+        server.received()[1].body["previous_response_id"],
+        "resp_1",
+        "the failed turn was a chained one"
+    );
     let errors = error_messages(out.path());
     assert!(
         errors

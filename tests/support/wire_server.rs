@@ -49,8 +49,10 @@ pub const INPUT_TOKENS: u64 = 40;
 #[derive(Default)]
 struct State {
     received: Vec<Received>,
-    /// Responses created and kept: id → the function-call ids it made.
+    /// The ids of the responses created and kept.
     stored: Vec<String>,
+    /// Once more requests than this have arrived, every stored response is forgotten.
+    forget_after: Option<usize>,
     /// Answer every request with this status and API error body.
     error: Option<(u16, Value)>,
     next_id: u64,
@@ -75,9 +77,10 @@ impl WireServer {
         self.state.lock().received.clone()
     }
 
-    /// Forgets every stored response, as a replica that restarted would.
-    pub fn forget_responses(&self) {
-        self.state.lock().stored.clear();
+    /// Forgets every stored response once `n` requests have been answered, as a replica
+    /// that restarted then would: request `n + 1` finds none.
+    pub fn forget_responses_after(&self, n: usize) {
+        self.state.lock().forget_after = Some(n);
     }
 
     /// Answers every later request with `status` and `body`.
@@ -87,7 +90,6 @@ impl WireServer {
 }
 
 /// Starts a server on 127.0.0.1:0 that pauses `first_delay` before each answer's first delta.
-/// `forget_after`: once this many requests have arrived, stored responses are forgotten.
 pub async fn start(first_delay: Duration) -> WireServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -152,6 +154,9 @@ async fn handle(
             headers,
             body: body.clone(),
         });
+        if s.forget_after.is_some_and(|n| s.received.len() > n) {
+            s.stored.clear();
+        }
         s.next_id += 1;
         (s.error.clone(), s.next_id)
     };
