@@ -9,6 +9,8 @@ use serde_json::{Map, Value};
 
 use super::load::truthy;
 use super::{ClientTurn, Conversation, HistoryMessage, Role, Salt};
+use crate::wire::responses_request::Chain;
+use crate::wire::Api;
 
 /// The official presets' names, for help texts and error messages.
 pub const PRESETS: &[&str] = &["qwen3.6-35b-a3b", "kimi-k3"];
@@ -164,6 +166,8 @@ impl ModelParams {
 pub struct RequestBuilder {
     params: ModelParams,
     include_usage: bool,
+    /// The wire the bodies are written for; every API's body is derived from the chat one.
+    api: Api,
     /// The preset's parameters pre-encoded as JSON values, so a body only copies bytes.
     defaults: Defaults,
 }
@@ -247,8 +251,20 @@ impl RequestBuilder {
         Self {
             params,
             include_usage,
+            api: Api::Chat,
             defaults,
         }
+    }
+
+    /// The same builder writing bodies for `api` (`POST /v1/messages`, `/v1/responses`).
+    pub fn with_api(mut self, api: Api) -> Self {
+        self.api = api;
+        self
+    }
+
+    /// The API the bodies are written for.
+    pub fn api(&self) -> Api {
+        self.api
     }
 
     /// The model parameters in use.
@@ -294,15 +310,51 @@ impl RequestBuilder {
         }
     }
 
-    /// The compact JSON body for `turn` of `conv`, salted when `salt` is given.
+    /// The compact JSON body for `turn` of `conv`, salted when `salt` is given, in the
+    /// builder's API.
     pub fn body(&self, conv: &Conversation, turn: &ClientTurn, salt: Option<&Salt>) -> Vec<u8> {
+        self.body_continuing(conv, turn, salt, None)
+    }
+
+    /// [`body`](Self::body), for a Responses turn that continues a stored response when
+    /// `chain` is given. The Messages and Responses bodies are the chat body rewritten
+    /// (`crate::wire`), so all three carry the same conversation and parameters.
+    pub(crate) fn body_continuing(
+        &self,
+        conv: &Conversation,
+        turn: &ClientTurn,
+        salt: Option<&Salt>,
+        chain: Option<Chain<'_>>,
+    ) -> Vec<u8> {
         let mut out = Vec::new();
-        self.write_body(&mut out, conv, turn, salt);
+        self.write_chat_body(&mut out, conv, turn, salt);
+        if self.api == Api::Chat {
+            return out;
+        }
+        let chat: Map<String, Value> =
+            serde_json::from_slice(&out).expect("the chat body is a JSON object");
+        let body = match self.api {
+            Api::Messages => crate::wire::messages_request::from_chat(&chat),
+            _ => crate::wire::responses_request::from_chat(&chat, chain),
+        };
+        out.clear();
+        serde_json::to_writer(&mut out, &body).expect("a JSON object encodes");
         out
     }
 
-    /// Appends the body to `out`, so a caller can reuse one buffer across turns.
+    /// Appends the chat-completions body to `out`, so a caller can reuse one buffer across
+    /// turns (whatever the builder's API).
     pub fn write_body(
+        &self,
+        out: &mut Vec<u8>,
+        conv: &Conversation,
+        turn: &ClientTurn,
+        salt: Option<&Salt>,
+    ) {
+        self.write_chat_body(out, conv, turn, salt)
+    }
+
+    fn write_chat_body(
         &self,
         out: &mut Vec<u8>,
         conv: &Conversation,

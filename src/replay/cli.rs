@@ -106,6 +106,15 @@ pub(crate) struct RunFlags {
     /// GPUs serving the target: reports jobs per hour per GPU.
     #[arg(long)]
     pub gpus: Option<u32>,
+    /// The wire every turn is written in: chat (/v1/chat/completions), messages (Anthropic
+    /// Messages, /v1/messages) or responses (OpenAI Responses, /v1/responses); official runs
+    /// use chat [config: api, default chat].
+    #[arg(long, value_enum, hide_possible_values = true)]
+    pub api: Option<crate::wire::Api>,
+    /// With --api responses: chain turns with previous_response_id and send only the new
+    /// items, as Codex does (the server must keep each response) [config: responses_chain].
+    #[arg(long)]
+    pub responses_chain: bool,
 }
 
 /// Flags of `agentrace replay`.
@@ -207,6 +216,7 @@ pub(crate) fn resolve(
     }
     set!(max_duration_s, flags.max_duration);
     set!(official_rules, flags.official_rules);
+    set_api(&mut c, flags);
     c.progress = !flags.no_progress;
     if flags.slo.is_some() {
         c.slo = flags.slo.clone();
@@ -215,6 +225,15 @@ pub(crate) fn resolve(
         c.gpus = flags.gpus;
     }
     Ok(c)
+}
+
+fn set_api(c: &mut ReplayConfig, flags: &RunFlags) {
+    if let Some(api) = flags.api {
+        c.api = api;
+    }
+    if flags.responses_chain {
+        c.responses_chain = true;
+    }
 }
 
 fn load_dataset(config: &ReplayConfig) -> anyhow::Result<Arc<Dataset>> {
@@ -302,6 +321,14 @@ async fn run_captures(args: &ReplayArgs, captures: &[PathBuf]) -> anyhow::Result
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
+    if args.run.api.is_some() || args.run.responses_chain {
+        eprintln!(
+            "error: invalid configuration: --api/--responses-chain: the open-loop replay sends \
+             each captured request in the API it was recorded in; replay a capture in another \
+             API closed-loop (capture export, then --dataset with --api)"
+        );
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
     if !(args.speed.is_finite() && args.speed > 0.0) {
         eprintln!(
             "error: invalid configuration: --speed: must be > 0, got {}",

@@ -23,6 +23,7 @@ use http::{HeaderName, HeaderValue, Method};
 
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
 use crate::remote::{self, ServerUrl, TlsConfigError, Trust, UrlError};
+use crate::wire::Api;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +81,12 @@ impl Target {
         Ok(Target { server, path })
     }
 
+    /// The same server, with requests going to `api`'s path under the base path.
+    pub(crate) fn for_api(mut self, api: Api) -> Target {
+        self.path = format!("{}{}", self.server.path, api.path());
+        self
+    }
+
     /// The `Host` header: the port left out when it is the scheme's default, as the
     /// reference client sends it.
     fn host_header(&self) -> String {
@@ -93,6 +100,20 @@ impl Target {
             (false, 80) | (true, 443) => host,
             _ => format!("{host}:{}", s.port),
         }
+    }
+}
+
+/// The API-specific head fields of a request to `path`: Messages names its version and takes
+/// the key as `x-api-key`; the OpenAI APIs take it as a bearer token.
+fn auth_fields(path: &str, api_key: Option<&str>) -> String {
+    match (Api::of_path(path), api_key) {
+        (Some(Api::Messages), key) => {
+            let version = crate::wire::messages_request::ANTHROPIC_VERSION;
+            let key = key.map_or(String::new(), |k| format!("x-api-key: {k}\r\n"));
+            format!("anthropic-version: {version}\r\n{key}")
+        }
+        (_, Some(key)) => format!("Authorization: Bearer {key}\r\n"),
+        (_, None) => String::new(),
     }
 }
 
@@ -140,9 +161,7 @@ impl Connector {
             target.path,
             target.host_header()
         );
-        if let Some(key) = api_key {
-            head.push_str(&format!("Authorization: Bearer {key}\r\n"));
-        }
+        head.push_str(&auth_fields(&target.path, api_key));
         head.push_str("Content-Type: application/json\r\n");
         Ok(Self {
             target: Arc::new(target),

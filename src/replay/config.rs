@@ -214,6 +214,14 @@ pub struct ReplayConfig {
     /// GPUs serving the target, for jobs per hour per GPU; absent, that figure is not
     /// reported.
     pub gpus: Option<u32>,
+    /// The wire every turn is written in: `chat` (`/v1/chat/completions`), `messages`
+    /// (Anthropic, `/v1/messages`) or `responses` (OpenAI, `/v1/responses`). The same
+    /// conversations, metrics and first-token rule in each; official runs use `chat`.
+    pub api: crate::wire::Api,
+    /// With `api = "responses"`: chain turns with `previous_response_id`, sending only the new
+    /// items, as Codex does; a turn whose server no longer holds the previous response fails
+    /// with the server's reason. Off: every turn carries the whole conversation unstored.
+    pub responses_chain: bool,
 }
 
 impl Default for ReplayConfig {
@@ -248,6 +256,8 @@ impl Default for ReplayConfig {
             progress: false,
             slo: None,
             gpus: None,
+            api: crate::wire::Api::Chat,
+            responses_chain: false,
         }
     }
 }
@@ -453,6 +463,7 @@ impl ReplayConfig {
                 );
             }
         }
+        self.validate_api()?;
         if let Some(var) = &self.api_key_env {
             if var.is_empty() {
                 return bad("api_key_env", "must name an environment variable".into());
@@ -463,6 +474,32 @@ impl ReplayConfig {
                     format!("environment variable {var:?} is not set"),
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// `api` and `responses_chain`: MLPerf runs are defined on Chat Completions, and chaining
+    /// is a Responses feature.
+    fn validate_api(&self) -> Result<(), ConfigError> {
+        use crate::wire::Api;
+        if self.official_rules && self.api != Api::Chat {
+            return Err(ConfigError::Invalid {
+                field: "api",
+                message: format!(
+                    "official runs (official_rules = true) replay Chat Completions, got {:?} \
+                     (use --api chat / api = \"chat\", or official_rules = false)",
+                    self.api.as_str()
+                ),
+            });
+        }
+        if self.responses_chain && self.api != Api::Responses {
+            return Err(ConfigError::Invalid {
+                field: "responses_chain",
+                message: format!(
+                    "chains Responses turns, so it needs api = \"responses\", got {:?}",
+                    self.api.as_str()
+                ),
+            });
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::client::Response;
+use crate::wire::Api;
 
 /// `TextModelOutput` text fields: a plain string or `[first, rest]` parts (reference §14.3).
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +122,10 @@ pub(crate) struct Decoded {
     /// Indices into `Response::events` of the events that carried a content, reasoning or
     /// tool-call delta (the first one is RECV_FIRST).
     pub delta_events: Vec<usize>,
+    /// The response's id (Responses), which a chained next turn names.
+    pub response_id: Option<String>,
+    /// The ids of the function calls the model made (Responses), in order.
+    pub call_ids: Vec<String>,
 }
 
 /// Why a response is a failed turn.
@@ -179,7 +184,72 @@ fn non_empty_list(raw: &RawValue) -> bool {
     s.starts_with('[') && s[1..].trim_start() != "]"
 }
 
-/// Decodes a response; `streaming` says which shape was asked for.
+/// Decodes a response of `api`; `streaming` says which shape was asked for. Every API's
+/// answer becomes the same [`Decoded`], so metrics and scoring do not know which was spoken.
+pub(crate) fn decode_as(
+    api: Api,
+    resp: &Response,
+    streaming: bool,
+) -> Result<Decoded, DecodeError> {
+    if api == Api::Chat {
+        return decode(resp, streaming);
+    }
+    if resp.status != 200 {
+        return Err(DecodeError::Status {
+            status: resp.status,
+            body: api_error(&resp.body).unwrap_or_else(|| status_body(&resp.body)),
+        });
+    }
+    if streaming {
+        check_event_stream(resp)?;
+    }
+    match (api, streaming) {
+        (Api::Messages, true) => super::decode_messages::stream(resp),
+        (Api::Messages, false) => super::decode_messages::json(&resp.body),
+        (_, true) => super::decode_responses::stream(resp),
+        (_, false) => super::decode_responses::json(&resp.body),
+    }
+}
+
+/// The reason an error body gives, in the shape OpenAI (`{"error": {"code"|"type",
+/// "message"}}`) and Anthropic (`{"type": "error", "error": {"type", "message"}}`) share:
+/// `"<code or type>: <message>"`.
+pub(crate) fn api_error(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let err = v.get("error").filter(|e| e.is_object())?;
+    let text = |k: &str| err.get(k).and_then(serde_json::Value::as_str);
+    let message = text("message").unwrap_or("");
+    let mut reason = match text("code").or(text("type")) {
+        Some(code) if !message.is_empty() => format!("{code}: {message}"),
+        Some(code) => code.to_owned(),
+        None => message.to_owned(),
+    };
+    if reason.len() > 1024 {
+        let cut = (0..=1024)
+            .rev()
+            .find(|&i| reason.is_char_boundary(i))
+            .unwrap_or(0);
+        reason.truncate(cut);
+    }
+    (!reason.is_empty()).then_some(reason)
+}
+
+fn status_body(body: &[u8]) -> String {
+    String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned()
+}
+
+pub(super) fn check_event_stream(resp: &Response) -> Result<(), DecodeError> {
+    let content_type = resp.content_type.as_deref().unwrap_or("");
+    if is_event_stream(content_type) {
+        return Ok(());
+    }
+    Err(DecodeError::Malformed(format!(
+        "a stream was asked for, got content-type {content_type:?} ({})",
+        body_start(&resp.body)
+    )))
+}
+
+/// Decodes a chat-completions response; `streaming` says which shape was asked for.
 pub(crate) fn decode(resp: &Response, streaming: bool) -> Result<Decoded, DecodeError> {
     if resp.status != 200 {
         let body = String::from_utf8_lossy(&resp.body[..resp.body.len().min(1024)]).into_owned();
@@ -189,13 +259,7 @@ pub(crate) fn decode(resp: &Response, streaming: bool) -> Result<Decoded, Decode
         });
     }
     if streaming {
-        let content_type = resp.content_type.as_deref().unwrap_or("");
-        if !is_event_stream(content_type) {
-            return Err(DecodeError::Malformed(format!(
-                "a stream was asked for, got content-type {content_type:?} ({})",
-                body_start(&resp.body)
-            )));
-        }
+        check_event_stream(resp)?;
         decode_stream(resp)
     } else {
         decode_json(&resp.body)
@@ -210,7 +274,7 @@ fn is_event_stream(content_type: &str) -> bool {
 }
 
 /// The first bytes of a body, for an error message.
-fn body_start(body: &[u8]) -> String {
+pub(super) fn body_start(body: &[u8]) -> String {
     if body.is_empty() {
         return "empty body".into();
     }
@@ -218,7 +282,7 @@ fn body_start(body: &[u8]) -> String {
     format!("body starts {:?}", head.trim())
 }
 
-fn sse_data(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+pub(super) fn sse_data(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let mut data: Option<std::borrow::Cow<'_, [u8]>> = None;
     for line in event.split(|b| *b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -314,6 +378,23 @@ fn decode_stream(resp: &Response) -> Result<Decoded, DecodeError> {
             "the stream ended without data: [DONE] after {chunks} chunks"
         )));
     }
+    Ok(Decoded {
+        output: streamed_output(content, reasoning, tools),
+        finish_reason,
+        usage,
+        delta_events,
+        response_id: None,
+        call_ids: Vec::new(),
+    })
+}
+
+/// A streamed answer in the reference's shape: the first delta of the text the user saw
+/// first (reasoning when there is any), then the rest joined.
+pub(super) fn streamed_output(
+    content: Vec<String>,
+    reasoning: Vec<String>,
+    tools: Vec<Box<RawValue>>,
+) -> ModelOutput {
     let parts = |mut v: Vec<String>| {
         let first = v.remove(0);
         let rest = v.concat();
@@ -330,16 +411,11 @@ fn decode_stream(resp: &Response) -> Result<Decoded, DecodeError> {
     } else {
         (OutputText::Parts(Vec::new()), None)
     };
-    Ok(Decoded {
-        output: ModelOutput {
-            output,
-            reasoning,
-            tool_calls: (!tools.is_empty()).then_some(tools),
-        },
-        finish_reason,
-        usage,
-        delta_events,
-    })
+    ModelOutput {
+        output,
+        reasoning,
+        tool_calls: (!tools.is_empty()).then_some(tools),
+    }
 }
 
 fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
@@ -379,5 +455,7 @@ fn decode_json(body: &[u8]) -> Result<Decoded, DecodeError> {
         finish_reason: choice.finish_reason,
         usage: chunk.usage,
         delta_events: Vec::new(),
+        response_id: None,
+        call_ids: Vec::new(),
     })
 }

@@ -5,6 +5,8 @@ pub(crate) mod cli;
 pub(crate) mod client;
 pub(crate) mod config;
 pub(crate) mod decode;
+pub(crate) mod decode_messages;
+pub(crate) mod decode_responses;
 pub(crate) mod events;
 pub(crate) mod metrics;
 pub mod open_loop;
@@ -24,6 +26,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
+pub use crate::wire::Api;
 pub use config::{ConfigError, LogPrompts, ReplayConfig, Targets};
 pub use metrics::Metrics;
 pub use report::verdict;
@@ -194,12 +197,14 @@ async fn open_target(
     url: &str,
     api_key: Option<&str>,
 ) -> Result<client::Connector, OpenError> {
-    let target = client::Target::parse(url).map_err(|message| {
-        OpenError::Invalid(ReplayError::Config(ConfigError::Invalid {
-            field: "target",
-            message: format!("{message}, got {url:?}"),
-        }))
-    })?;
+    let target = client::Target::parse(url)
+        .map_err(|message| {
+            OpenError::Invalid(ReplayError::Config(ConfigError::Invalid {
+                field: "target",
+                message: format!("{message}, got {url:?}"),
+            }))
+        })?
+        .for_api(config.api);
     let connector = client::Connector::new(
         target,
         api_key,
@@ -244,7 +249,7 @@ pub async fn run(
     std::fs::create_dir_all(out_dir).map_err(|e| out_err(out_dir, &e))?;
 
     let params = config.resolved_model_params();
-    let builder = RequestBuilder::new(params, config.include_usage);
+    let builder = RequestBuilder::new(params, config.include_usage).with_api(config.api);
     let n = dataset.conversations.len() as u64;
     let budget = config.check_budget(n)?;
     let epoch = Instant::now();

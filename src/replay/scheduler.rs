@@ -367,10 +367,16 @@ async fn run_trajectory(
     }
     let mut anchor = Instant::now();
     let turns = &conv.client_turns;
+    let mut chain = Chained::new(phase.config.responses_chain);
     for (i, turn) in turns.iter().enumerate() {
         let deadline = anchor + Duration::from_secs_f64((turn.delay_seconds * scale).max(0.0));
         let streaming = phase.builder.is_streaming(turn);
-        let body = Bytes::from(phase.builder.body(conv, turn, salt.as_ref()));
+        let body = Bytes::from(phase.builder.body_continuing(
+            conv,
+            turn,
+            salt.as_ref(),
+            chain.link(),
+        ));
         let request = connector.request_bytes(streaming, &routing, &body);
 
         // Connect ahead of the deadline so connecting never shows up as latency.
@@ -411,7 +417,7 @@ async fn run_trajectory(
                 let exchange = exchange_on(connector, conn, &request, &mut issued_at);
                 tokio::select! {
                     r = tokio::time::timeout_at(timeout_at, exchange) => match r {
-                        Ok(Ok(resp)) => match decode::decode(&resp, streaming) {
+                        Ok(Ok(resp)) => match decode::decode_as(phase.builder.api(), &resp, streaming).and_then(|d| chain.check(d)) {
                             Ok(decoded) => Outcome::Ok { resp: Box::new(resp), decoded },
                             Err(e) => {
                                 let kind = match e {
@@ -537,6 +543,7 @@ async fn run_trajectory(
                     }
                 }
                 record.finish = Finish::parse(decoded.finish_reason.as_deref());
+                chain.advance(turn.history_len, &decoded);
                 phase.progress.turns_ok.fetch_add(1, Ordering::Relaxed);
                 phase
                     .progress
@@ -652,6 +659,52 @@ async fn run_trajectory(
         }
     }
     out.trajectories.push(traj);
+}
+
+/// Where a trajectory's Responses chain stands (`responses_chain`): the response the next
+/// turn continues, once a turn has succeeded.
+struct Chained {
+    on: bool,
+    /// The last response's id, the messages its request carried, and its call ids.
+    last: Option<(String, usize, Vec<String>)>,
+}
+
+impl Chained {
+    fn new(on: bool) -> Self {
+        Self { on, last: None }
+    }
+
+    /// The chain the next body belongs to (none when chaining is off).
+    fn link(&self) -> Option<crate::wire::responses_request::Chain<'_>> {
+        use crate::wire::responses_request::Chain;
+        if !self.on {
+            return None;
+        }
+        Some(match &self.last {
+            None => Chain::default(),
+            Some((id, sent, calls)) => Chain {
+                previous_response_id: Some(id),
+                sent_messages: *sent,
+                call_ids: calls,
+            },
+        })
+    }
+
+    /// A chained turn's answer must carry the id the next turn names.
+    fn check(&self, d: decode::Decoded) -> Result<decode::Decoded, DecodeError> {
+        if self.on && d.response_id.is_none() {
+            return Err(DecodeError::Malformed(
+                "the response has no id, which responses_chain needs for the next turn".into(),
+            ));
+        }
+        Ok(d)
+    }
+
+    fn advance(&mut self, sent_messages: usize, d: &decode::Decoded) {
+        if let Some(id) = d.response_id.as_ref().filter(|_| self.on) {
+            self.last = Some((id.clone(), sent_messages, d.call_ids.clone()));
+        }
+    }
 }
 
 /// Sends `request` on the slot's connection (which must be there) and reads the response;

@@ -8,13 +8,28 @@
 
 pub(crate) mod chat;
 pub(crate) mod messages;
+pub(crate) mod messages_request;
 pub(crate) mod responses;
+pub(crate) mod responses_request;
 pub(crate) mod sse;
 
-/// Which API a request speaks, by its path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Api {
+/// Which API a request speaks: told by its path for the proxy and recorder, chosen by
+/// `replay --api` for the replayer (which then writes every turn in that API's shape).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
     /// `POST …/chat/completions`.
+    #[default]
     Chat,
     /// `POST …/messages` (Anthropic Messages; `?beta=true` and other queries allowed).
     Messages,
@@ -35,6 +50,15 @@ impl Api {
             Some(Api::Responses)
         } else {
             None
+        }
+    }
+
+    /// The request path under a base URL's path prefix.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Messages => "/v1/messages",
+            Api::Responses => "/v1/responses",
         }
     }
 

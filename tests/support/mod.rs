@@ -16,6 +16,7 @@ pub mod raw_http1;
 pub mod replay;
 pub mod sim;
 pub mod truth;
+pub mod wire_server;
 
 /// Says that `test` skipped, and why, where a reader of `cargo test` output sees it. The test
 /// harness captures `print!` and `eprint!` and shows them only for failing tests, so a skip
