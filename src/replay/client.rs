@@ -3,10 +3,10 @@
 //! ([`crate::http1`], the proxy's own, so both refuse the same malformed responses), SSE events found by an incremental
 //! line scan and stamped at socket receipt. Nothing is parsed as JSON here.
 //!
-//! Owning the socket is what makes the stamps honest: ISSUED is taken immediately before the
-//! request bytes reach the kernel, every event carries the time of the `read` that completed
-//! it, and dropping the exchange future closes the connection (a timed-out turn is cancelled on
-//! the server, not left running).
+//! Owning the socket is what makes the stamps honest: ISSUED is the instant the write of the
+//! request returned (its bytes are in the kernel), every event carries the kernel's receive
+//! time of the `read` that completed it ([`super::stamped`]), and dropping the exchange future
+//! closes the connection (a timed-out turn is cancelled on the server, not left running).
 //!
 //! A response is held whole until it ends, so its size is capped (`max_response_bytes`): a
 //! server streaming without end fails the turn instead of growing the process without bound.
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use http::{HeaderName, HeaderValue, Method};
 
+use super::stamped::{LastRead, StampedTcp};
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
 use crate::remote::{self, ServerUrl, TlsConfigError, Trust, UrlError};
 
@@ -225,6 +226,7 @@ impl Connector {
         .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
         .map_err(|e| fail(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
+        let (tcp, received) = StampedTcp::new(tcp);
         let io: Box<dyn TargetStream> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
@@ -238,6 +240,7 @@ impl Connector {
         };
         Ok(TargetConnection {
             io,
+            received,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
             answered: 0,
@@ -249,6 +252,8 @@ impl Connector {
 /// One keep-alive connection, owned by one slot.
 pub struct TargetConnection {
     io: Box<dyn TargetStream>,
+    /// When the bytes of the latest TCP read arrived (the kernel's stamp).
+    received: Arc<LastRead>,
     buf: BytesMut,
     last_used: Instant,
     /// Responses read whole on this connection.
@@ -269,7 +274,8 @@ pub struct SseEvent {
     pub start: usize,
     /// End offset (exclusive, before the blank line).
     pub end: usize,
-    /// When the `read` that completed the event returned.
+    /// When the bytes of the `read` that completed the event arrived (the kernel's receive
+    /// time of that read's first packet; the read's own time where the kernel gave none).
     pub at: Instant,
 }
 
@@ -302,8 +308,8 @@ impl TargetConnection {
         futures_util::FutureExt::now_or_never(self.io.read(&mut probe)).is_some()
     }
 
-    /// Sends `request` and reads the whole response. `issued` receives the instant taken
-    /// immediately before the write. Dropping the future closes nothing by itself: the
+    /// Sends `request` and reads the whole response. `issued` receives the instant the write
+    /// of the request completed (before the write while it has not). Dropping the future closes nothing by itself: the
     /// caller drops the `TargetConnection` after a timeout so the server sees the disconnect.
     ///
     /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
@@ -344,6 +350,7 @@ impl TargetConnection {
             .await
             .map_err(closed_while_idle)?;
         self.io.flush().await.map_err(closed_while_idle)?;
+        *issued = Some(Instant::now());
 
         let mut reader = ResponseReader {
             head_request,
@@ -357,7 +364,11 @@ impl TargetConnection {
                 Err(e) if first_byte.is_none() => return Err(closed_while_idle(e)),
                 r => r?,
             };
-            let now = Instant::now();
+            let now = if n == 0 {
+                Instant::now()
+            } else {
+                self.received.at()
+            };
             if n == 0 && first_byte.is_none() && kept_alive {
                 return Err(ClientError::ClosedWhileIdle);
             }
