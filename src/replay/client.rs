@@ -391,6 +391,11 @@ impl TargetConnection {
         self.last_used = Instant::now();
         self.answered += 1;
         let first_byte = first_byte.unwrap_or(self.last_used);
+        // The write's return can be seen after the answer's first bytes came (a fast server, or
+        // a task that waited for a core): the request was sent by then.
+        if issued.is_some_and(|at| at > first_byte) {
+            *issued = Some(first_byte);
+        }
         let last_byte = reader.last_byte.unwrap_or(first_byte);
         Ok(Response {
             status: reader.status,
