@@ -48,6 +48,8 @@
 //! - `remote`: an http(s) server this process connects to: the one URL parser and the one
 //!   TLS client configuration of the proxy's upstream, the replay client and the endpoint picker.
 //! - `random`: the seeded random source of the synthetic dataset and the simulator.
+//! - `sockstamp`: the kernel's receive time of socket reads, on the monotonic clock, for the
+//!   proxy's arrivals and the replay client's responses.
 //! - `timing`: sleeps that end on time, for the replayer's sends and the simulator's tokens.
 //! - `wire`: the request APIs agents speak (Chat Completions, Anthropic Messages, OpenAI
 //!   Responses), parsed alike for the proxy's routing and the recorder's export.
@@ -70,6 +72,7 @@ pub(crate) mod remote;
 pub mod replay;
 pub mod shutdown;
 pub mod sim;
+pub(crate) mod sockstamp;
 pub mod tap;
 pub(crate) mod telemetry;
 pub(crate) mod timing;

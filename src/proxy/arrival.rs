@@ -7,18 +7,11 @@
 //! rustls may already have read) and HTTP/2 ones keep the stamp taken when the head is parsed.
 
 use std::future::Future;
-use std::io::IoSliceMut;
-use std::os::fd::{AsFd, AsRawFd};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::sys::socket::{self, sockopt, ControlMessageOwned, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
-/// The longest a request's first byte may have waited before it is believed: a kernel time
-/// further back is taken for a clock step, and the request is stamped when read instead.
-const MAX_AGE: Duration = Duration::from_secs(300);
+pub(crate) use crate::sockstamp::{enable, instant_of};
 
 /// A client connection whose requests' first bytes the kernel may have stamped.
 pub(crate) trait Arrivals {
@@ -38,69 +31,30 @@ impl Arrivals for TcpStream {
 /// rustls may hold bytes already read from the socket, which a peek would not see.
 impl Arrivals for tokio_rustls::server::TlsStream<TcpStream> {}
 
-/// Asks the kernel to stamp every packet received on `socket`; false if it refuses. Set on the
-/// listening socket, for as long as it lives: accepted sockets inherit it, and the kernel,
-/// which turns stamping on for the whole host a moment after the first socket asks (deferred
-/// work) and off once the last one closes, keeps it on between connections.
-pub(crate) fn enable(socket: &impl AsFd) -> bool {
-    socket::setsockopt(socket, sockopt::ReceiveTimestampns, &true).is_ok()
-}
-
 /// When the first byte now waiting on `stream` arrived, as wall-clock nanoseconds since the
 /// Unix epoch; waits until a byte is there. `None` when the peer closed, the socket failed,
 /// or no timestamp came with the byte.
 pub(crate) async fn first_byte(stream: &TcpStream) -> Option<u128> {
+    let mut byte = [0u8; 1];
     loop {
         stream.readable().await.ok()?;
-        match stream.try_io(Interest::READABLE, || peek_stamp(stream)) {
-            Ok(stamp) => return stamp,
+        match stream.try_io(Interest::READABLE, || {
+            crate::sockstamp::recv(stream, &mut byte, true)
+        }) {
+            Ok((0, _)) => return None,
+            Ok((_, stamp)) => return stamp,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return None,
         }
     }
 }
 
-fn peek_stamp(stream: &TcpStream) -> std::io::Result<Option<u128>> {
-    let mut byte = [0u8; 1];
-    let mut iov = [IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(nix::sys::time::TimeSpec);
-    let msg = socket::recvmsg::<()>(
-        stream.as_fd().as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-    )
-    .map_err(std::io::Error::from)?;
-    if msg.bytes == 0 {
-        return Ok(None);
-    }
-    let Ok(cmsgs) = msg.cmsgs() else {
-        return Ok(None);
-    };
-    for cmsg in cmsgs {
-        if let ControlMessageOwned::ScmTimestampns(t) = cmsg {
-            let (secs, nanos) = (t.tv_sec(), t.tv_nsec());
-            if secs > 0 && nanos >= 0 {
-                return Ok(Some(secs as u128 * 1_000_000_000 + nanos as u128));
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// The monotonic instant of a wall-clock arrival time, as far back from now as the wall clock
-/// says it was; `None` when that is in the future or further back than [`MAX_AGE`].
-pub(crate) fn instant_of(unix_ns: u128) -> Option<Instant> {
-    let (now, wall) = (Instant::now(), SystemTime::now());
-    let wall_ns = wall.duration_since(UNIX_EPOCH).ok()?.as_nanos();
-    let age = Duration::from_nanos(u64::try_from(wall_ns.checked_sub(unix_ns)?).ok()?);
-    (age <= MAX_AGE).then(|| now.checked_sub(age)).flatten()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
     use tokio::io::AsyncWriteExt;
+    use tokio::time::Instant;
 
     // A request's first byte is stamped when the kernel received it, not when it is read:
     // bytes left waiting 50 ms are stamped 50 ms back, and peeking consumes nothing. The kernel

@@ -3,10 +3,10 @@
 //! ([`crate::http1`], the proxy's own, so both refuse the same malformed responses), SSE events found by an incremental
 //! line scan and stamped at socket receipt. Nothing is parsed as JSON here.
 //!
-//! Owning the socket is what makes the stamps honest: ISSUED is taken immediately before the
-//! request bytes reach the kernel, every event carries the time of the `read` that completed
-//! it, and dropping the exchange future closes the connection (a timed-out turn is cancelled on
-//! the server, not left running).
+//! Owning the socket is what makes the stamps honest: ISSUED is the instant the write of the
+//! request returned (its bytes are in the kernel), every event carries the kernel's receive
+//! time of the `read` that completed it ([`super::stamped`]), and dropping the exchange future
+//! closes the connection (a timed-out turn is cancelled on the server, not left running).
 //!
 //! A response is held whole until it ends, so its size is capped (`max_response_bytes`): a
 //! server streaming without end fails the turn instead of growing the process without bound.
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use http::{HeaderName, HeaderValue, Method};
 
+use super::stamped::{LastRead, StampedTcp};
 use crate::http1::{self, BodyDecoder, Decoded, Fields, H1Error};
 use crate::remote::{self, ServerUrl, TlsConfigError, Trust, UrlError};
 use crate::wire::Api;
@@ -244,6 +245,7 @@ impl Connector {
         .map_err(|_| fail(format!("timed out after {:?}", self.connect_timeout)))?
         .map_err(|e| fail(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
+        let (tcp, received) = StampedTcp::new(tcp);
         let io: Box<dyn TargetStream> = match &self.tls {
             None => Box::new(tcp),
             Some(tls) => {
@@ -257,6 +259,7 @@ impl Connector {
         };
         Ok(TargetConnection {
             io,
+            received,
             buf: BytesMut::with_capacity(16 * 1024),
             last_used: Instant::now(),
             answered: 0,
@@ -268,6 +271,8 @@ impl Connector {
 /// One keep-alive connection, owned by one slot.
 pub struct TargetConnection {
     io: Box<dyn TargetStream>,
+    /// When the bytes of the latest TCP read arrived (the kernel's stamp).
+    received: Arc<LastRead>,
     buf: BytesMut,
     last_used: Instant,
     /// Responses read whole on this connection.
@@ -288,7 +293,8 @@ pub struct SseEvent {
     pub start: usize,
     /// End offset (exclusive, before the blank line).
     pub end: usize,
-    /// When the `read` that completed the event returned.
+    /// When the bytes of the `read` that completed the event arrived (the kernel's receive
+    /// time of that read's first packet; the read's own time where the kernel gave none).
     pub at: Instant,
 }
 
@@ -321,8 +327,8 @@ impl TargetConnection {
         futures_util::FutureExt::now_or_never(self.io.read(&mut probe)).is_some()
     }
 
-    /// Sends `request` and reads the whole response. `issued` receives the instant taken
-    /// immediately before the write. Dropping the future closes nothing by itself: the
+    /// Sends `request` and reads the whole response. `issued` receives the instant the write
+    /// of the request completed (before the write while it has not). Dropping the future closes nothing by itself: the
     /// caller drops the `TargetConnection` after a timeout so the server sees the disconnect.
     ///
     /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
@@ -363,6 +369,7 @@ impl TargetConnection {
             .await
             .map_err(closed_while_idle)?;
         self.io.flush().await.map_err(closed_while_idle)?;
+        *issued = Some(Instant::now());
 
         let mut reader = ResponseReader {
             head_request,
@@ -376,7 +383,11 @@ impl TargetConnection {
                 Err(e) if first_byte.is_none() => return Err(closed_while_idle(e)),
                 r => r?,
             };
-            let now = Instant::now();
+            let now = if n == 0 {
+                Instant::now()
+            } else {
+                self.received.at()
+            };
             if n == 0 && first_byte.is_none() && kept_alive {
                 return Err(ClientError::ClosedWhileIdle);
             }
@@ -399,6 +410,11 @@ impl TargetConnection {
         self.last_used = Instant::now();
         self.answered += 1;
         let first_byte = first_byte.unwrap_or(self.last_used);
+        // The write's return can be seen after the answer's first bytes came (a fast server, or
+        // a task that waited for a core): the request was sent by then.
+        if issued.is_some_and(|at| at > first_byte) {
+            *issued = Some(first_byte);
+        }
         let last_byte = reader.last_byte.unwrap_or(first_byte);
         Ok(Response {
             status: reader.status,

@@ -16,6 +16,7 @@ pub(crate) mod report;
 pub(crate) mod scheduler;
 pub mod scorer;
 pub mod slo;
+pub(crate) mod stamped;
 pub mod sweep;
 
 use std::path::Path;
@@ -327,6 +328,7 @@ pub async fn run(
     })
     .await;
     let interrupted = shutdown.is_fired();
+    stamped::log_unstamped_reads();
     let stop_ns = perf.stop_ns.load(Ordering::SeqCst);
     let issued_after_stop = perf.issued_after_stop.load(Ordering::SeqCst);
     drop(sink);
