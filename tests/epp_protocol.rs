@@ -12,6 +12,8 @@ mod support;
 
 use std::net::SocketAddr;
 
+use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use serde_json::json;
 use support::backends::TestBackend;
 use support::epp::{self as fixture, Stream};
@@ -560,4 +562,123 @@ async fn with_a_token_file_a_stream_without_the_token_is_refused_before_placemen
         .sum();
     assert_eq!(placed, 1.0, "only the stream with the token was placed");
     epp.stop().await;
+}
+
+/// A chat turn of `size` bytes of user text, and the `content-length` a gateway sends with it.
+fn sized_chat(turn: usize, size: usize) -> (Vec<u8>, String) {
+    let mut messages = vec![json!({"role": "user", "content": "x".repeat(size)})];
+    for t in 0..turn {
+        messages.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        messages.push(json!({"role": "user", "content": format!("more {t}")}));
+    }
+    let body = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+    let length = body.len().to_string();
+    (body, length)
+}
+
+/// Ends the request as the gateway would once the response head came back, so the next
+/// request sees this one finished.
+async fn finish(stream: &mut Stream) {
+    stream.send(fixture::response_headers_msg(None)).await;
+    stream.recv().await;
+}
+
+#[tokio::test]
+async fn a_known_session_is_placed_at_its_request_headers_before_its_body_arrives() {
+    let (_b, list) = endpoints(3).await;
+    let epp = fixture::start(fixture::config(&list)).await;
+    let (first, length) = sized_chat(0, 200);
+    let mut stream = Stream::open(epp.addr()).await;
+    let home = stream
+        .request(
+            &[("x-session-id", "early"), ("content-length", &length)],
+            &first,
+            None,
+        )
+        .await
+        .expect("placed");
+    finish(&mut stream).await;
+
+    let (next, length) = sized_chat(1, 200);
+    let mut stream = Stream::open(epp.addr()).await;
+    stream
+        .send(fixture::headers_msg(
+            &[("x-session-id", "early"), ("content-length", &length)],
+            false,
+            None,
+        ))
+        .await;
+    // Nothing of the body is sent yet: the answer must come from the headers alone.
+    let picked = match stream.recv().await {
+        r @ Response::RequestHeaders(_) => r,
+        other => panic!("expected the destination, got {other:?}"),
+    };
+    let Response::RequestHeaders(h) = picked else {
+        unreachable!()
+    };
+    let set = h.response.unwrap().header_mutation.unwrap().set_headers;
+    let endpoint = String::from_utf8(set[0].header.as_ref().unwrap().raw_value.clone()).unwrap();
+    assert_eq!(
+        endpoint, home,
+        "the session stays where its first turn went"
+    );
+    // The body then streams through, chunk by chunk, unchanged.
+    let (a, b) = next.split_at(next.len() / 2);
+    for (chunk, end) in [(a, false), (b, true)] {
+        stream.send(fixture::body_msg(chunk, end)).await;
+        match stream.recv().await {
+            Response::RequestBody(r) => match r.response.unwrap().body_mutation.unwrap().mutation {
+                Some(Mutation::StreamedResponse(s)) => {
+                    assert_eq!(s.body, chunk);
+                    assert_eq!(s.end_of_stream, end);
+                }
+                other => panic!("unexpected body mutation {other:?}"),
+            },
+            other => panic!("expected the body chunk back, got {other:?}"),
+        }
+    }
+    epp.stop().await;
+}
+
+#[tokio::test]
+async fn header_only_placement_sends_each_session_where_the_streamed_body_does() {
+    let (_b, list) = endpoints(4).await;
+    let with_body = fixture::start(fixture::config(&list)).await;
+    let header_only = fixture::start(fixture::config(&list)).await;
+    let mut by_body = Vec::new();
+    let mut by_headers = Vec::new();
+    // Turns of very different sizes, so that where a new session starts depends on its bytes.
+    for turn in 0..3 {
+        for s in 0..24 {
+            let key = format!("session-{s}");
+            let (body, length) = sized_chat(turn, 100 + (s % 6) * (s % 6) * 4000);
+            let headers = [("x-session-id", key.as_str()), ("content-length", &length)];
+
+            let mut stream = Stream::open(with_body.addr()).await;
+            by_body.push(stream.request(&headers, &body, None).await.expect("placed"));
+            finish(&mut stream).await;
+
+            let mut stream = Stream::open(header_only.addr()).await;
+            let mut msg = fixture::headers_msg(&headers, false, None);
+            // request_body_mode: NONE, the gateway's header-only configuration.
+            msg.protocol_config.as_mut().unwrap().request_body_mode = 0;
+            stream.send(msg).await;
+            let Response::RequestHeaders(h) = stream.recv().await else {
+                panic!("expected the destination at the headers");
+            };
+            let set = h.response.unwrap().header_mutation.unwrap().set_headers;
+            by_headers.push(
+                String::from_utf8(set[0].header.as_ref().unwrap().raw_value.clone()).unwrap(),
+            );
+            finish(&mut stream).await;
+        }
+    }
+    assert_eq!(
+        by_headers, by_body,
+        "each request goes where the body mode places it"
+    );
+    let spread: std::collections::BTreeSet<_> = by_body.iter().collect();
+    assert!(spread.len() > 1, "all on one endpoint: {spread:?}");
+    with_body.stop().await;
+    header_only.stop().await;
 }

@@ -17,7 +17,9 @@ use super::selection::Selection;
 use super::Picker;
 use crate::http1::Fields;
 use crate::proxy::budget::{BodyBudget, Charge};
-use crate::proxy::routing::{session_key, Commit, InFlight, Outcome, Pool, SessionKey};
+use crate::proxy::routing::{
+    header_key, session_key, Commit, InFlight, Outcome, Pool, SessionKey, Turn,
+};
 use crate::tap::KeySource;
 
 /// `BodySendMode::FULL_DUPLEX_STREAMED`: the body passes through the picker, which may hold it.
@@ -107,6 +109,15 @@ struct Refusal {
     message: String,
 }
 
+/// The answer to a body over `max_request_body_bytes`.
+fn too_large(limit: u64) -> Refusal {
+    Refusal {
+        status: 413,
+        kind: "body_too_large",
+        message: format!("request body larger than {limit} bytes"),
+    }
+}
+
 /// The state of one ext_proc stream.
 pub(crate) struct Exchange {
     picker: Arc<Picker>,
@@ -183,26 +194,30 @@ impl Exchange {
                 self.subset =
                     reply::metadata_list(metadata, reply::SUBSET_NAMESPACE, reply::SUBSET_KEY);
                 self.headers = Some(Headers::from_map(h.headers));
+                if let Some(refusal) = self.declared_too_large() {
+                    return vec![self.refuse(refusal)];
+                }
                 if h.end_of_stream || !self.hold_body {
-                    self.decide(&[]).into_iter().collect()
-                } else {
-                    Vec::new()
+                    let key = self.key_from_headers();
+                    return self.decide_with(key).into_iter().collect();
+                }
+                match self.early_key() {
+                    Some(key) => self.decide_with(Some(key)).into_iter().collect(),
+                    None => Vec::new(),
                 }
             }
             Some(Request::RequestBody(b)) => {
                 if !self.hold_body {
                     return vec![reply::request_body_ack()];
                 }
-                if self.placed.is_some() {
-                    return vec![reply::request_body(b.body, b.end_of_stream)];
-                }
                 let limit = self.picker.inner.max_request_body();
                 if (self.body_len + b.body.len()) as u64 > limit {
-                    return vec![self.refuse(Refusal {
-                        status: 413,
-                        kind: "body_too_large",
-                        message: format!("request body larger than {limit} bytes"),
-                    })];
+                    return vec![self.refuse(too_large(limit))];
+                }
+                if self.placed.is_some() {
+                    // Placed at the headers: each chunk goes straight back, counted, not held.
+                    self.body_len += b.body.len();
+                    return vec![reply::request_body(b.body, b.end_of_stream)];
                 }
                 if !self.charge.try_add(b.body.len() as u64) {
                     return vec![self.over_budget()];
@@ -267,7 +282,16 @@ impl Exchange {
         if self.placed.is_some() || self.done {
             return None;
         }
-        match self.place(body) {
+        let key = self.key_from_body(body);
+        self.decide_with(key)
+    }
+
+    /// Places the request under `key`: the destination reply, or an immediate refusal.
+    fn decide_with(&mut self, key: Option<SessionKey>) -> Option<ProcessingResponse> {
+        if self.placed.is_some() || self.done {
+            return None;
+        }
+        match self.place(key) {
             Ok(placed) => {
                 let reply = reply::destination(&placed.endpoint);
                 self.placed = Some(placed);
@@ -334,12 +358,17 @@ impl Exchange {
         self.charge = Charge::on(Budget(self.picker.clone()));
     }
 
-    fn place(&self, body: &[u8]) -> Result<Placed, Refusal> {
-        let inner = &self.picker.inner;
-        let router = inner.router();
+    /// The request's headers (none before they came).
+    fn headers(&self) -> &Headers {
+        static NONE: Headers = Headers(Vec::new());
+        self.headers.as_ref().unwrap_or(&NONE)
+    }
+
+    /// The session key as the proxy finds it: a header, else the body's fingerprint.
+    fn key_from_body(&self, body: &[u8]) -> Option<SessionKey> {
+        let router = self.picker.inner.router();
         let pool = router.pool();
-        let empty = Headers(Vec::new());
-        let headers = self.headers.as_ref().unwrap_or(&empty);
+        let headers = self.headers();
         let method = headers
             .first(":method")
             .and_then(|m| Method::from_bytes(m).ok())
@@ -347,14 +376,63 @@ impl Exchange {
         let path = headers.first(":path").unwrap_or(b"/");
         let path = String::from_utf8_lossy(path);
         let path = path.split('?').next().unwrap_or("/");
-        let key = session_key(
+        session_key(
             headers,
             &pool.affinity.headers,
             pool.affinity.fingerprint,
             &method,
             path,
             body,
-        );
+        )
+    }
+
+    /// The header session key, with the turn the headers tell: the declared body length
+    /// (what the body would count, so the placement weighs the same bytes).
+    fn key_from_headers(&self) -> Option<SessionKey> {
+        let turn = Turn {
+            context_bytes: self.declared_length().unwrap_or(0),
+            continues: false,
+        };
+        let pool = self.picker.inner.router().pool();
+        header_key(self.headers(), &pool.affinity.headers, turn)
+    }
+
+    /// The key of a request that can be placed at its headers, before its body, exactly where
+    /// the body would have placed it: a header key of a session the table knows (placement
+    /// reads whether a conversation continues only for sessions it does not know), with its
+    /// body length declared. A new session, or a body of unknown length, waits for the body.
+    fn early_key(&self) -> Option<SessionKey> {
+        self.declared_length()?;
+        let key = self.key_from_headers()?;
+        let router = self.picker.inner.router();
+        let pool = router.pool();
+        let id = router.sessions.id(&key);
+        let known = router
+            .sessions
+            .slot(id, tokio::time::Instant::now())
+            .known(&pool.backends)
+            .is_some();
+        known.then_some(key)
+    }
+
+    /// The body length the request declares (`content-length`), if it declares one.
+    fn declared_length(&self) -> Option<u64> {
+        let value = self.headers().first("content-length")?;
+        std::str::from_utf8(value).ok()?.trim().parse().ok()
+    }
+
+    /// A declared body over `max_request_body_bytes` is refused at once, as the proxy does.
+    fn declared_too_large(&self) -> Option<Refusal> {
+        let limit = self.picker.inner.max_request_body();
+        self.declared_length()
+            .filter(|&n| n > limit)
+            .map(|_| too_large(limit))
+    }
+
+    fn place(&self, key: Option<SessionKey>) -> Result<Placed, Refusal> {
+        let inner = &self.picker.inner;
+        let router = inner.router();
+        let pool = router.pool();
 
         // The subset hint: endpoints outside it are as good as tried already.
         let excluded: Vec<usize> = match &self.subset {

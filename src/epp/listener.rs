@@ -1,4 +1,5 @@
-//! The picker's gRPC listener: accepts connections for tonic, one at a time, bounded.
+//! The picker's gRPC listener: accepts connections for tonic, one at a time, bounded, and
+//! deals them out to the gRPC worker threads.
 //!
 //! tonic's own listener stream applies none of its builder's socket settings when the
 //! listener is handed over, and keeps no count: so the accept loop is ours. Every accepted
@@ -226,30 +227,38 @@ impl Throttled {
     }
 }
 
-/// Accepts on `tcp` until `shutdown`, handing each connection to the returned stream (for
-/// tonic's `serve_with_incoming_shutdown`).
+/// Accepts on `tcp` until `shutdown`, handing the connections in turn to `workers` returned
+/// streams (one per gRPC worker thread, for tonic's `serve_with_incoming_shutdown`).
 pub(crate) fn incoming(
     tcp: TcpListener,
     limits: Limits,
     metrics: ProxyMetrics,
     shutdown: Shutdown,
-) -> impl futures_util::Stream<Item = io::Result<Conn>> {
+    workers: usize,
+) -> Vec<impl futures_util::Stream<Item = io::Result<Conn>>> {
     // Small: tonic takes each connection as it comes, and a full queue holds the accept loop
     // back rather than piling up sockets.
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(accept_loop(tcp, limits, metrics, tx, shutdown));
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|conn| (Ok(conn), rx))
-    })
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..workers.max(1)).map(|_| mpsc::channel(16)).unzip();
+    tokio::spawn(accept_loop(tcp, limits, metrics, senders, shutdown));
+    receivers
+        .into_iter()
+        .map(|rx| {
+            futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|conn| (Ok(conn), rx))
+            })
+        })
+        .collect()
 }
 
 async fn accept_loop(
     tcp: TcpListener,
     limits: Limits,
     metrics: ProxyMetrics,
-    tx: mpsc::Sender<Conn>,
+    workers: Vec<mpsc::Sender<Conn>>,
     mut shutdown: Shutdown,
 ) {
+    let mut turn = 0usize;
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let (mut over_cap_log, mut error_log) = (Throttled::new(), Throttled::new());
@@ -299,7 +308,9 @@ async fn accept_loop(
             metrics: metrics.clone(),
             _permit: permit,
         };
-        if tx.send(conn).await.is_err() {
+        // In turn: a gateway keeps few long connections, each carrying all its streams.
+        turn = turn.wrapping_add(1);
+        if workers[turn % workers.len()].send(conn).await.is_err() {
             return;
         }
     }
@@ -323,11 +334,8 @@ mod tests {
         let addr = tcp.local_addr().unwrap();
         let (trigger, shutdown) = crate::shutdown::channel();
         let metrics = ProxyMetrics::new();
-        (
-            addr,
-            Box::pin(incoming(tcp, limits, metrics, shutdown)),
-            trigger,
-        )
+        let conns = incoming(tcp, limits, metrics, shutdown, 1).pop().unwrap();
+        (addr, Box::pin(conns), trigger)
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@ mod pool_metrics;
 mod pool_watch;
 mod reply;
 mod selection;
+mod workers;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -203,14 +204,15 @@ impl Picker {
 /// messages; None when the stream broke (reset, connection lost) rather than being malformed.
 fn unreadable(status: &Status) -> Option<Status> {
     use tonic::Code;
-    let message = format!("malformed ext_proc message: {}", status.message());
+    // Formatted only for a malformed stream: a gateway's reset ends every stream it cancels.
+    let message = || format!("malformed ext_proc message: {}", status.message());
     match status.code() {
         // tonic's decoder: protobuf that does not decode, a bad compressed flag, a message cut
         // short by the end of the stream.
-        Code::Internal | Code::InvalidArgument => Some(Status::invalid_argument(message)),
+        Code::Internal | Code::InvalidArgument => Some(Status::invalid_argument(message())),
         // A length prefix past the most a message may be.
-        Code::OutOfRange | Code::ResourceExhausted => Some(Status::resource_exhausted(message)),
-        Code::Unimplemented => Some(Status::unimplemented(message)),
+        Code::OutOfRange | Code::ResourceExhausted => Some(Status::resource_exhausted(message())),
+        Code::Unimplemented => Some(Status::unimplemented(message())),
         _ => None,
     }
 }
@@ -251,67 +253,109 @@ impl ExternalProcessor for Service {
             self.0.refused("unauthenticated", why, conn.as_deref());
             return Err(Status::unauthenticated(why));
         }
-        let inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Outgoing>(8);
-        tokio::spawn(serve_stream(self.0.clone(), inbound, tx, conn));
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|(item, _charge)| (item, rx))
+        let state = StreamState::new(self.0.clone(), request.into_inner(), conn);
+        // The gateway's messages are read and answered as the gRPC server asks for the next
+        // reply, in its own task: no task of ours and no channel between them, which cost a
+        // wake-up across threads on every message.
+        let stream = futures_util::stream::unfold(state, |mut state| async move {
+            let (item, charge) = state.next().await?;
+            drop(charge);
+            Some((item, state))
         });
         Ok(Response::new(Box::pin(stream)))
     }
 }
 
-/// Runs one ext_proc stream: the exchange (and its in-flight count) lives as long as the
+/// One ext_proc stream: the exchange (and its in-flight count) lives as long as the
 /// gateway's stream, its in-flight count at most `epp.in_flight_max_ms`.
-async fn serve_stream(
+struct StreamState {
     picker: Arc<Picker>,
-    mut inbound: Streaming<ProcessingRequest>,
-    tx: tokio::sync::mpsc::Sender<Outgoing>,
+    inbound: Streaming<ProcessingRequest>,
+    exchange: exchange::Exchange,
     conn: Option<Arc<listener::ConnState>>,
-) {
-    let _open = conn.as_ref().map(|c| c.stream_opened());
-    let mut exchange = exchange::Exchange::new(picker.clone());
-    loop {
+    _open: Option<listener::OpenStream>,
+    /// Replies to the last message not yet taken by the gRPC server.
+    pending: std::collections::VecDeque<Outgoing>,
+    /// The stream is over once `pending` is sent.
+    ended: bool,
+}
+
+impl StreamState {
+    fn new(
+        picker: Arc<Picker>,
+        inbound: Streaming<ProcessingRequest>,
+        conn: Option<Arc<listener::ConnState>>,
+    ) -> Self {
+        Self {
+            exchange: exchange::Exchange::new(picker.clone()),
+            _open: conn.as_ref().map(|c| c.stream_opened()),
+            picker,
+            inbound,
+            conn,
+            pending: std::collections::VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// The next reply to send, reading the gateway's messages until there is one; None when
+    /// the stream is over.
+    async fn next(&mut self) -> Option<Outgoing> {
+        loop {
+            if let Some(out) = self.pending.pop_front() {
+                return Some(out);
+            }
+            if self.ended {
+                return None;
+            }
+            self.read_one().await;
+        }
+    }
+
+    /// Reads one message from the gateway (or lets the in-flight count expire) and queues
+    /// its replies.
+    async fn read_one(&mut self) {
+        let picker = &self.picker;
         let longest = Duration::from_millis(picker.in_flight_max_ms.load(Ordering::Relaxed));
-        let deadline = exchange.in_flight_until(longest);
+        let deadline = self.exchange.in_flight_until(longest);
         let next = tokio::select! {
-            next = inbound.message() => next,
+            next = self.inbound.message() => next,
             _ = until(deadline) => {
-                exchange.expire_in_flight();
-                continue;
+                self.exchange.expire_in_flight();
+                return;
             }
         };
         let msg = match next {
             Ok(Some(msg)) => msg,
-            Ok(None) => return,
+            Ok(None) => {
+                self.ended = true;
+                return;
+            }
             Err(status) => {
                 if let Some(answer) = unreadable(&status) {
-                    picker.refused("malformed_message", answer.message(), conn.as_deref());
-                    let _ = tx.send((Err(answer), None)).await;
+                    picker.refused("malformed_message", answer.message(), self.conn.as_deref());
+                    self.pending.push_back((Err(answer), None));
                 }
+                self.ended = true;
                 return;
             }
         };
-        let replies = match exchange.on(msg) {
+        let replies = match self.exchange.on(msg) {
             Ok(replies) => replies,
             Err(e) => {
                 let answer = Status::invalid_argument(format!("malformed ext_proc stream: {e}"));
-                picker.refused("malformed_message", answer.message(), conn.as_deref());
-                let _ = tx.send((Err(answer), None)).await;
+                picker.refused("malformed_message", answer.message(), self.conn.as_deref());
+                self.pending.push_back((Err(answer), None));
+                self.ended = true;
                 return;
             }
         };
-        let mut charge = exchange.handed_on.take();
+        let mut charge = self.exchange.handed_on.take();
         let last = replies.len().saturating_sub(1);
         for (i, reply) in replies.into_iter().enumerate() {
             let charge = if i == last { charge.take() } else { None };
-            if tx.send((Ok(reply), charge)).await.is_err() {
-                return;
-            }
+            self.pending.push_back((Ok(reply), charge));
         }
-        if exchange.done {
-            return;
-        }
+        self.ended = self.exchange.done;
     }
 }
 
@@ -322,7 +366,7 @@ pub struct EppHandle {
     /// The admin listener (`/metrics`, `/admin/*`), as the proxy's.
     pub admin_addr: SocketAddr,
     shared: Arc<Shared>,
-    server: JoinHandle<()>,
+    server: workers::Workers,
     watcher: Option<JoinHandle<()>>,
 }
 
@@ -375,7 +419,7 @@ fn placement_metrics(shared: &Shared) -> crate::proxy::metrics::ProxyMetrics {
 pub async fn start(
     listen: SocketAddr,
     config: ProxyConfig,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) -> Result<EppHandle, EppError> {
     check_source(&config)?;
     check_endpoints(&config)?;
@@ -452,17 +496,15 @@ pub async fn start(
         tokio::spawn(report_readiness(reporter, ready_rx, shutdown.clone()));
     }
     let service = ExternalProcessorServer::new(Service(picker));
-    let incoming = listener::incoming(tcp, limits, placement_metrics(&shared), shutdown.clone());
-    let server = tokio::spawn(async move {
-        let result = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "epp gRPC server failed");
-        }
-    });
+    let routes = tonic::service::Routes::new(health).add_service(service);
+    let conns = listener::incoming(
+        tcp,
+        limits,
+        placement_metrics(&shared),
+        shutdown.clone(),
+        crate::proxy::worker_count(&shared.running.lock().file),
+    );
+    let server = workers::Workers::start(conns, routes, shutdown);
     tracing::info!(%addr, %admin_addr, "epp listening");
     Ok(EppHandle {
         addr,
@@ -572,14 +614,8 @@ impl EppHandle {
     /// Resolves once the server and the side tasks have stopped (after shutdown fired). A
     /// gateway keeps its gRPC connection open, so streams still open after
     /// `SHUTDOWN_GRACE` are cut.
-    pub async fn join(mut self) {
-        if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server)
-            .await
-            .is_err()
-        {
-            tracing::warn!("epp streams still open after the shutdown grace: closing them");
-            self.server.abort();
-        }
+    pub async fn join(self) {
+        self.server.join(SHUTDOWN_GRACE).await;
         if let Some(watcher) = self.watcher {
             let _ = watcher.await;
         }

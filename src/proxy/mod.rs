@@ -164,7 +164,7 @@ fn build_pool(config: &ProxyConfig, metrics: &ProxyMetrics, previous: Option<&Po
     }
 }
 
-fn worker_count(config: &ProxyConfig) -> usize {
+pub(crate) fn worker_count(config: &ProxyConfig) -> usize {
     match config.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
