@@ -119,6 +119,8 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
     let mut turns = run_loop(&python, "anthropic_loop.py", &base).await;
     turns.extend(run_loop(&python, "openai_responses_loop.py", &format!("{base}/v1")).await);
     assert_eq!(turns.len(), 2 * SESSIONS * TURNS);
+    let failed: Vec<&Value> = turns.iter().filter(|t| t.get("failed").is_some()).collect();
+    assert!(failed.is_empty(), "turns that failed: {failed:?}");
 
     let mut pods: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
     for t in &turns {

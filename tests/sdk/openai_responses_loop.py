@@ -4,7 +4,9 @@ the previous one by `previous_response_id`, answering the model's function calls
 turns are unstreamed.
 
 Usage: openai_responses_loop.py BASE_URL SESSIONS TURNS. Prints one JSON line per turn with the
-session, turn, the replica that answered (x-inference-pod) and the client-measured TTFT.
+session, turn, the replica that answered (x-inference-pod) and the client-measured TTFT; a turn
+whose previous response the answering replica does not hold prints `failed` with the status,
+and its session starts a new chain.
 """
 import json
 import sys
@@ -20,6 +22,27 @@ tools = [{
     "description": "Read a file of the repository",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
 }]
+
+
+def turn(t, args, sent):
+    """One request, streamed on even turns: the final response, the replica and the TTFT."""
+    ttft = None
+    if t % 2 == 0:
+        stream = client.responses.create(stream=True, tool_choice="required", **args)
+        pod = stream.response.headers.get("x-inference-pod")
+        final = None
+        for event in stream:
+            if ttft is None and event.type.endswith(".delta"):
+                ttft = time.monotonic() - sent
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+    else:
+        raw = client.responses.with_raw_response.create(**args)
+        pod = raw.headers.get("x-inference-pod")
+        final = raw.parse()
+    return final, pod, ttft
+
+
 for s in range(sessions):
     instructions = f"You are coding agent {s}. Work in the repository and use the tools."
     items = [{"role": "user", "content": f"Session {s}: the build is broken, find out why."}]
@@ -29,21 +52,14 @@ for s in range(sessions):
                     max_output_tokens=48)
         if previous:
             args["previous_response_id"] = previous
-        sent = time.monotonic()
-        ttft = None
-        if t % 2 == 0:
-            stream = client.responses.create(stream=True, tool_choice="required", **args)
-            pod = stream.response.headers.get("x-inference-pod")
-            final = None
-            for event in stream:
-                if ttft is None and event.type.endswith(".delta"):
-                    ttft = time.monotonic() - sent
-                if event.type in ("response.completed", "response.incomplete"):
-                    final = event.response
-        else:
-            raw = client.responses.with_raw_response.create(**args)
-            pod = raw.headers.get("x-inference-pod")
-            final = raw.parse()
+        try:
+            final, pod, ttft = turn(t, args, time.monotonic())
+        except openai.NotFoundError as e:
+            print(json.dumps({"api": "responses", "session": s, "turn": t, "failed": e.status_code}),
+                  flush=True)
+            previous = None
+            items = [{"role": "user", "content": f"Session {s}: start over."}]
+            continue
         previous = final.id
         calls = [o for o in final.output if o.type == "function_call"]
         if calls:
