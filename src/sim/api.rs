@@ -123,3 +123,57 @@ pub(crate) fn content_text(content: &Value, out: &mut String) {
         other => out.push_str(&other.to_string()),
     }
 }
+
+/// A generation request of any chat-like API, in the chat form the template renders: the one
+/// shape the engine path plans from, so every API shares tokenisation, cache and cost.
+#[derive(Debug, Default)]
+pub(crate) struct Turn {
+    /// Echoed back when given.
+    pub model: Option<String>,
+    /// The whole conversation the prompt renders, system prompt first.
+    pub messages: Vec<Message>,
+    /// Function schemas in chat form (`{"type":"function","function":{…}}`).
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or a named function, in chat form.
+    pub tool_choice: Option<Value>,
+    /// Whether the reply may open with reasoning.
+    pub thinking: bool,
+    /// Server-sent events instead of one JSON body.
+    pub stream: bool,
+    /// Chat only: a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+    /// Output cap.
+    pub max_tokens: Option<u64>,
+    /// Generate exactly the cap.
+    pub ignore_eos: bool,
+}
+
+impl From<ChatRequest> for Turn {
+    fn from(req: ChatRequest) -> Turn {
+        let thinking = req
+            .chat_template_kwargs
+            .as_ref()
+            .and_then(|k| k.get("enable_thinking"))
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        Turn {
+            model: req.model,
+            messages: req.messages,
+            tools: req.tools,
+            tool_choice: req.tool_choice,
+            thinking,
+            stream: req.stream.unwrap_or(false),
+            include_usage: req
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            max_tokens: req.max_completion_tokens.or(req.max_tokens),
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+        }
+    }
+}
+
+/// Chat-form messages (JSON values another API's request was converted to) as [`Message`]s.
+pub(crate) fn messages_of(values: Vec<Value>) -> Result<Vec<Message>, serde_json::Error> {
+    serde_json::from_value(Value::Array(values))
+}

@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 /// The profile used when none is named: an H100 serving a Qwen3-30B-A3B-like MoE in BF16.
 pub const DEFAULT_PROFILE: &str = "h100-qwen3-30b-a3b-bf16";
 
+/// Responses kept per replica by default: a few hundred agent sessions' latest turns.
+pub(crate) const DEFAULT_RESPONSES_STORE_MAX: usize = 1024;
+/// Bytes of kept conversations per replica by default (256 MiB).
+pub(crate) const DEFAULT_RESPONSES_STORE_MAX_BYTES: usize = 256 << 20;
+
 /// Names accepted by [`SimConfig::from_profile`].
 pub const PROFILES: &[&str] = &[DEFAULT_PROFILE, "h200-qwen3-30b-a3b-fp8"];
 
@@ -33,6 +38,12 @@ pub struct SimConfig {
     pub legacy_metrics: bool,
     /// Append one JSON line per finished request to this file (ground truth for replays).
     pub trace_log: Option<PathBuf>,
+    /// Responses API conversations each replica keeps for `previous_response_id`; the oldest
+    /// is forgotten first. 0 keeps none, so every continuation fails with 404.
+    pub responses_store_max: usize,
+    /// Bytes (of the kept conversations as JSON) each replica's store may hold, so memory stays
+    /// bounded however long the conversations clients send.
+    pub responses_store_max_bytes: usize,
     /// The simulated GPU and model.
     pub engine: EngineConfig,
     /// What the generated text says and how long it is.
@@ -243,6 +254,8 @@ impl SimConfig {
             created_base_unix: None,
             legacy_metrics: false,
             trace_log: None,
+            responses_store_max: DEFAULT_RESPONSES_STORE_MAX,
+            responses_store_max_bytes: DEFAULT_RESPONSES_STORE_MAX_BYTES,
             engine,
             responder: ResponderConfig::default(),
             faults: FaultConfig::default(),
@@ -416,6 +429,12 @@ impl SimConfig {
             "engine.attention_equal_context",
             "must be > 0",
             e.attention_equal_context,
+        )?;
+        check(
+            self.responses_store_max == 0 || self.responses_store_max_bytes > 0,
+            "responses_store_max_bytes",
+            "must be > 0 when responses_store_max is",
+            self.responses_store_max_bytes,
         )?;
         let r = &self.responder;
         check(

@@ -98,6 +98,8 @@ pub(crate) enum Event {
         count: usize,
         /// Simulated time.
         at_ns: u64,
+        /// Prompt tokens served from the prefix cache (Anthropic's usage opens with them).
+        cached: usize,
     },
     /// The last token was generated.
     Done(Timings),
@@ -448,6 +450,7 @@ impl Engine {
             let _ = seq.sub.events.send(Event::Token {
                 count: seq.generated,
                 at_ns: now,
+                cached: seq.cached_tokens.unwrap_or(0),
             });
             if seq.generated >= seq.sub.output_tokens {
                 let seq = self.running.remove(i);

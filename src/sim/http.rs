@@ -1,5 +1,7 @@
-//! The OpenAI-compatible HTTP surface of one replica: parses requests, plans the reply,
-//! injects faults, hands the prompt to the engine and streams one SSE event per frame.
+//! The HTTP surface of one replica (OpenAI Chat Completions and Completions, Anthropic
+//! Messages, OpenAI Responses): parses requests, plans the reply, injects faults, hands the
+//! prompt to the engine and streams one SSE event per frame. Every API takes the same engine
+//! path; only how the request becomes a prompt and how the reply is written differ.
 
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -21,13 +23,15 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::api::{ChatRequest, CompletionRequest, Message};
+use super::api::{ChatRequest, CompletionRequest, Message, Turn};
 use super::config::{MidStreamFault, SimConfig};
 use super::engine::{Command, Event, SimClock, Submission, Timings, TraceContext};
 use super::generate::{self, ChatShape, Delta, Reply};
 use super::metrics::Metrics;
 use super::oracle::Oracle;
 use super::render::{self, fnv64, Prompt};
+use super::response_store::ResponseStore;
+use super::{messages, responses};
 use crate::http_body::{Body, BoxError};
 use crate::random::{splitmix64, Rng};
 use crate::shutdown::Shutdown;
@@ -59,6 +63,8 @@ pub(crate) struct Replica {
     pub next_seq: AtomicU64,
     /// Resolves hung requests at shutdown.
     pub shutdown: Shutdown,
+    /// Conversations of the Responses API's `previous_response_id`.
+    pub responses: Arc<ResponseStore>,
 }
 
 /// Accepts connections until `shutdown`, then drains them for a grace period.
@@ -104,6 +110,8 @@ struct HttpError {
     status: StatusCode,
     message: String,
     retry_after: bool,
+    /// A body other than the API's error shape of `message` (vLLM's own refusals).
+    body: Option<Value>,
 }
 
 impl HttpError {
@@ -112,6 +120,18 @@ impl HttpError {
             status,
             message: message.into(),
             retry_after: false,
+            body: None,
+        }
+    }
+
+    /// The body in the shape the request's API uses for errors.
+    fn body(&self, api: Option<Api>) -> Value {
+        if let Some(b) = &self.body {
+            return b.clone();
+        }
+        match api {
+            Some(Api::Messages) => messages::error_json(self.status.as_u16(), &self.message),
+            _ => error_json(self.status, &self.message),
         }
     }
 }
@@ -126,51 +146,61 @@ fn error_json(status: StatusCode, message: &str) -> Value {
     json!({"error": {"message": message, "type": kind, "param": null, "code": status.as_u16()}})
 }
 
-/// Which OpenAI API a request came through.
+/// Which API a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Api {
     Chat,
     Completions,
+    Messages,
+    Responses,
+}
+
+impl Api {
+    fn of_route(path: &str) -> Option<Api> {
+        match path {
+            "/v1/chat/completions" => Some(Api::Chat),
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/messages" => Some(Api::Messages),
+            "/v1/responses" => Some(Api::Responses),
+            _ => None,
+        }
+    }
 }
 
 /// A request ready for the engine, with its planned reply.
 struct Planned {
-    api: Api,
     model: String,
     stream: bool,
     include_usage: bool,
     prompt: Prompt,
     reply: Reply,
     rng_seed: u64,
+    /// Responses only: the id continued, and the conversation to keep with the reply.
+    previous_response_id: Option<String>,
+    keep: Option<Vec<Value>>,
 }
 
 impl Replica {
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let accepted = Instant::now();
         let seq = self.next_seq.fetch_add(1, Relaxed);
-        let mut resp = match (req.method(), req.uri().path()) {
-            (&Method::POST, "/v1/chat/completions") => {
-                self.clone().generate(req, Api::Chat, accepted, seq).await
-            }
-            (&Method::POST, "/v1/completions") => {
-                self.clone()
-                    .generate(req, Api::Completions, accepted, seq)
-                    .await
-            }
-            (&Method::GET, "/v1/models") => Ok(self.models()),
-            (&Method::GET, "/health") => Ok(self.health()),
-            (&Method::GET, "/metrics") => Ok(text_response(
+        let api = Api::of_route(req.uri().path());
+        let mut resp = match (req.method(), req.uri().path(), api) {
+            (&Method::POST, _, Some(api)) => self.clone().generate(req, api, accepted, seq).await,
+            (&Method::GET, "/v1/models", _) => Ok(self.models()),
+            (&Method::GET, "/health", _) => Ok(self.health()),
+            (&Method::GET, "/metrics", _) => Ok(text_response(
                 "text/plain; version=0.0.4; charset=utf-8",
                 self.metrics.render(),
             )),
-            (&Method::POST, "/reset_prefix_cache") => self.reset().await,
-            (_, path) => Err(HttpError::new(
+            (&Method::POST, "/reset_prefix_cache", _) => self.reset().await,
+            (_, path, _) => Err(HttpError::new(
                 StatusCode::NOT_FOUND,
                 format!("no route for {} {path}", req.method()),
             )),
         }
         .unwrap_or_else(|e| {
-            let mut r = Response::new(crate::http_body::json(&error_json(e.status, &e.message)));
+            let mut r = Response::new(crate::http_body::json(&e.body(api)));
             *r.status_mut() = e.status;
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -226,53 +256,14 @@ impl Replica {
         let rng_seed = splitmix64(cfg.seed ^ fnv64(body));
         let mut rng = Rng::new(rng_seed);
         let bs = cfg.engine.block_size;
-        match api {
-            Api::Chat => {
-                let req: ChatRequest = serde_json::from_slice(body).map_err(bad)?;
-                if req.messages.is_empty() {
-                    return Err(HttpError::new(
-                        StatusCode::BAD_REQUEST,
-                        "messages: must not be empty",
-                    ));
-                }
-                let tools = req.tools.as_deref();
-                let prompt = Prompt::from_bytes(&render::render_chat(&req.messages, tools), bs);
-                let thinking = req
-                    .chat_template_kwargs
-                    .as_ref()
-                    .and_then(|k| k.get("enable_thinking"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true);
-                let shape = ChatShape {
-                    tools,
-                    tool_choice: req.tool_choice.as_ref(),
-                    thinking,
-                };
-                let reply = self
-                    .oracle_reply(&req.messages, &mut rng)
-                    .unwrap_or_else(|| generate::synthetic_chat(shape, &cfg.responder, &mut rng));
-                let max = req.max_completion_tokens.or(req.max_tokens);
-                Ok(Planned {
-                    api,
-                    model: req.model.unwrap_or_else(|| cfg.model.clone()),
-                    stream: req.stream.unwrap_or(false),
-                    include_usage: req
-                        .stream_options
-                        .and_then(|o| o.include_usage)
-                        .unwrap_or(false),
-                    prompt,
-                    reply: reply.cap(max, req.ignore_eos.unwrap_or(false), &mut rng),
-                    rng_seed,
-                })
-            }
+        let (turn, previous_response_id, keep) = match api {
             Api::Completions => {
                 let req: CompletionRequest = serde_json::from_slice(body).map_err(bad)?;
                 let mut text = String::new();
                 super::api::content_text(&req.prompt, &mut text);
                 let prompt = Prompt::from_bytes(text.as_bytes(), bs);
                 let reply = generate::synthetic_text(&cfg.responder, &mut rng);
-                Ok(Planned {
-                    api,
+                return Ok(Planned {
                     model: req.model.unwrap_or_else(|| cfg.model.clone()),
                     stream: req.stream.unwrap_or(false),
                     include_usage: req
@@ -282,9 +273,56 @@ impl Replica {
                     prompt,
                     reply: reply.cap(req.max_tokens, req.ignore_eos.unwrap_or(false), &mut rng),
                     rng_seed,
-                })
+                    previous_response_id: None,
+                    keep: None,
+                });
             }
+            Api::Chat => {
+                let req: ChatRequest = serde_json::from_slice(body).map_err(bad)?;
+                (Turn::from(req), None, None)
+            }
+            Api::Messages => {
+                let turn =
+                    messages::turn(body).map_err(|m| HttpError::new(StatusCode::BAD_REQUEST, m))?;
+                (turn, None, None)
+            }
+            Api::Responses => {
+                let p = responses::turn(body, &self.responses).map_err(|r| HttpError {
+                    body: Some(r.body),
+                    ..HttpError::new(
+                        StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST),
+                        "refused",
+                    )
+                })?;
+                (p.turn, p.previous_response_id, p.keep)
+            }
+        };
+        if turn.messages.is_empty() {
+            return Err(HttpError::new(
+                StatusCode::BAD_REQUEST,
+                "messages: must not be empty",
+            ));
         }
+        let tools = turn.tools.as_deref();
+        let prompt = Prompt::from_bytes(&render::render_chat(&turn.messages, tools), bs);
+        let shape = ChatShape {
+            tools,
+            tool_choice: turn.tool_choice.as_ref(),
+            thinking: turn.thinking,
+        };
+        let reply = self
+            .oracle_reply(&turn.messages, &mut rng)
+            .unwrap_or_else(|| generate::synthetic_chat(shape, &cfg.responder, &mut rng));
+        Ok(Planned {
+            model: turn.model.unwrap_or_else(|| cfg.model.clone()),
+            stream: turn.stream,
+            include_usage: turn.include_usage,
+            prompt,
+            reply: reply.cap(turn.max_tokens, turn.ignore_eos, &mut rng),
+            rng_seed,
+            previous_response_id,
+            keep,
+        })
     }
 
     fn oracle_reply(&self, messages: &[Message], rng: &mut Rng) -> Option<Reply> {
@@ -373,8 +411,15 @@ impl Replica {
                 ..HttpError::new(StatusCode::SERVICE_UNAVAILABLE, "waiting queue is full")
             });
         }
-        let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
-        let id = format!("{prefix}-{:016x}", splitmix64(plan.rng_seed ^ 0x1D));
+        let prefix = match api {
+            Api::Chat => "chatcmpl-",
+            Api::Completions => "cmpl-",
+            Api::Messages => "msg_",
+            Api::Responses => "resp_",
+        };
+        let id = format!("{prefix}{:016x}", splitmix64(plan.rng_seed ^ 0x1D));
+        let cacheable = plan.prompt.block_hashes.len() * cfg.engine.block_size;
+        let prompt_tokens = plan.prompt.tokens;
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.metrics.queued.fetch_add(1, Relaxed);
         let submission = Submission {
@@ -399,7 +444,7 @@ impl Replica {
         }
         // Errors before the first token are HTTP errors: wait for it before answering.
         let first = match rx.recv().await {
-            Some(Event::Token { count, .. }) => count,
+            Some(Event::Token { count, cached, .. }) => (count, cached),
             Some(Event::Done(_)) | None => {
                 return Err(HttpError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -408,7 +453,28 @@ impl Replica {
             }
         };
         let created = self.created_base + arrival_ns / 1_000_000_000;
-        let writer = ChunkWriter::new(&id, created, &plan.model, plan.api, plan.include_usage);
+        let mut writer = match api {
+            Api::Chat | Api::Completions => Writer::OpenAi(ChunkWriter::new(
+                &id,
+                created,
+                &plan.model,
+                api,
+                plan.include_usage,
+            )),
+            Api::Messages => Writer::Messages(messages::Writer::new(
+                &id,
+                &plan.model,
+                prompt_tokens,
+                cacheable,
+            )),
+            Api::Responses => Writer::Responses(responses::Writer::new(
+                &id,
+                created,
+                &plan.model,
+                plan.previous_response_id.take(),
+                plan.keep.take().map(|c| (self.responses.clone(), c)),
+            )),
+        };
         if plan.stream {
             let (body_tx, body_rx) = mpsc::channel(STREAM_BUFFER);
             let mode = cfg.faults.mid_stream;
@@ -429,7 +495,7 @@ impl Replica {
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             Ok(resp)
         } else {
-            let mut count = first;
+            let mut count = first.0;
             loop {
                 if cut_after.is_some_and(|k| count >= k) {
                     return Err(HttpError::new(
@@ -440,7 +506,7 @@ impl Replica {
                 match rx.recv().await {
                     Some(Event::Token { count: c, .. }) => count = c,
                     Some(Event::Done(t)) => {
-                        return Ok(json_response(&writer.full_response(&plan.reply, &t)))
+                        return Ok(json_response(&writer.full(&plan.reply, &t)))
                     }
                     None => {
                         return Err(HttpError::new(
@@ -456,17 +522,19 @@ impl Replica {
 
 /// Releases reply pieces as the engine generates tokens, one SSE event per frame.
 async fn stream_reply(
-    writer: ChunkWriter,
+    mut writer: Writer,
     reply: Reply,
-    first: usize,
+    (first, cached): (usize, usize),
     mut events: mpsc::UnboundedReceiver<Event>,
     body: mpsc::Sender<Result<Bytes, BoxError>>,
     cut_after: Option<usize>,
     mode: MidStreamFault,
 ) {
     let send = |frame: String| body.send(Ok(Bytes::from(frame)));
-    if writer.api == Api::Chat && send(writer.role_chunk()).await.is_err() {
-        return;
+    for frame in writer.start(cached) {
+        if send(frame).await.is_err() {
+            return;
+        }
     }
     let mut released = 0usize;
     let mut next_piece = 0usize;
@@ -476,56 +544,101 @@ async fn stream_reply(
             && released + reply.pieces[next_piece].tokens as usize <= count
         {
             released += reply.pieces[next_piece].tokens as usize;
-            if send(writer.piece_chunk(&reply.pieces[next_piece].delta))
-                .await
-                .is_err()
-            {
-                return;
+            for frame in writer.piece(&reply.pieces[next_piece].delta) {
+                if send(frame).await.is_err() {
+                    return;
+                }
             }
             next_piece += 1;
         }
-        if cut_after.is_some_and(|k| count >= k) {
-            match mode {
-                MidStreamFault::ErrorEvent => {
-                    let err = error_json(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "simulated failure mid-stream",
-                    );
-                    let _ = send(format!("data: {err}\n\n")).await;
-                    let _ = send("data: [DONE]\n\n".to_string()).await;
-                }
-                MidStreamFault::Abort => {
-                    let _ = body
-                        .send(Err("simulated connection cut mid-stream".into()))
-                        .await;
-                }
+        let frames = if cut_after.is_some_and(|k| count >= k) {
+            if mode == MidStreamFault::Abort {
+                let _ = body
+                    .send(Err("simulated connection cut mid-stream".into()))
+                    .await;
+                return;
             }
-            return;
+            writer.error("simulated failure mid-stream")
+        } else {
+            match events.recv().await {
+                Some(Event::Token { count: c, .. }) => {
+                    count = c;
+                    continue;
+                }
+                Some(Event::Done(t)) => writer.finish(&reply, &t),
+                None => writer.error("request aborted by the engine"),
+            }
+        };
+        for frame in frames {
+            if send(frame).await.is_err() {
+                return;
+            }
         }
-        match events.recv().await {
-            Some(Event::Token { count: c, .. }) => count = c,
-            Some(Event::Done(t)) => {
-                if send(writer.finish_chunk(reply.finish_reason.as_str()))
-                    .await
-                    .is_err()
-                {
-                    return;
+        return;
+    }
+}
+
+/// The writer of one reply in its API's wire format.
+enum Writer {
+    OpenAi(ChunkWriter),
+    Messages(messages::Writer),
+    Responses(responses::Writer),
+}
+
+impl Writer {
+    /// What a stream opens with, sent with the first token.
+    fn start(&mut self, cached: usize) -> Vec<String> {
+        match self {
+            Writer::OpenAi(w) if w.api == Api::Chat => vec![w.role_chunk()],
+            Writer::OpenAi(_) => Vec::new(),
+            Writer::Messages(w) => w.start(cached),
+            Writer::Responses(w) => w.start(),
+        }
+    }
+
+    /// The events of one reply piece.
+    fn piece(&mut self, delta: &Delta) -> Vec<String> {
+        match self {
+            Writer::OpenAi(w) => vec![w.piece_chunk(delta)],
+            Writer::Messages(w) => w.piece(delta),
+            Writer::Responses(w) => w.piece(delta),
+        }
+    }
+
+    /// What a complete stream ends with.
+    fn finish(&mut self, reply: &Reply, t: &Timings) -> Vec<String> {
+        match self {
+            Writer::OpenAi(w) => {
+                let mut out = vec![w.finish_chunk(reply.finish_reason.as_str())];
+                if w.include_usage {
+                    out.push(w.usage_chunk(t));
                 }
-                if writer.include_usage && send(writer.usage_chunk(&t)).await.is_err() {
-                    return;
-                }
-                let _ = send("data: [DONE]\n\n".to_string()).await;
-                return;
+                out.push("data: [DONE]\n\n".to_string());
+                out
             }
-            None => {
-                let err = error_json(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "request aborted by the engine",
-                );
-                let _ = send(format!("data: {err}\n\n")).await;
-                let _ = send("data: [DONE]\n\n".to_string()).await;
-                return;
+            Writer::Messages(w) => w.finish(reply, t),
+            Writer::Responses(w) => w.finish(reply, t),
+        }
+    }
+
+    /// What a stream that fails after its first token ends with.
+    fn error(&mut self, message: &str) -> Vec<String> {
+        match self {
+            Writer::OpenAi(_) => {
+                let err = error_json(StatusCode::INTERNAL_SERVER_ERROR, message);
+                vec![format!("data: {err}\n\n"), "data: [DONE]\n\n".to_string()]
             }
+            Writer::Messages(w) => vec![w.error(500, message)],
+            Writer::Responses(w) => vec![w.error(message)],
+        }
+    }
+
+    /// The unstreamed body.
+    fn full(&mut self, reply: &Reply, t: &Timings) -> Value {
+        match self {
+            Writer::OpenAi(w) => w.full_response(reply, t),
+            Writer::Messages(w) => w.full(reply, t),
+            Writer::Responses(w) => w.full(reply, t),
         }
     }
 }
@@ -547,7 +660,7 @@ impl ChunkWriter {
     fn new(id: &str, created: u64, model: &str, api: Api, include_usage: bool) -> ChunkWriter {
         let object = match api {
             Api::Chat => "chat.completion.chunk",
-            Api::Completions => "text_completion",
+            _ => "text_completion",
         };
         let model_json = Value::String(model.to_string());
         let head = format!(
@@ -578,10 +691,6 @@ impl ChunkWriter {
         s.push_str(&self.head);
         let q = |t: &str| Value::String(t.to_string()).to_string();
         match (self.api, delta) {
-            (Api::Completions, Delta::Content(t) | Delta::Reasoning(t)) => {
-                let _ = write!(s, "\"text\":{}", q(t));
-            }
-            (Api::Completions, _) => s.push_str("\"text\":\"\""),
             (Api::Chat, Delta::Content(t)) => {
                 let _ = write!(s, "\"delta\":{{\"content\":{}}}", q(t));
             }
@@ -603,6 +712,10 @@ impl ChunkWriter {
                     q(fragment)
                 );
             }
+            (_, Delta::Content(t) | Delta::Reasoning(t)) => {
+                let _ = write!(s, "\"text\":{}", q(t));
+            }
+            (_, _) => s.push_str("\"text\":\"\""),
         }
         s.push_str(&self.tail);
         s
@@ -615,7 +728,7 @@ impl ChunkWriter {
         );
         match self.api {
             Api::Chat => format!("{}\"delta\":{{}}{tail}", self.head),
-            Api::Completions => format!("{}\"text\":\"\"{tail}", self.head),
+            _ => format!("{}\"text\":\"\"{tail}", self.head),
         }
     }
 
@@ -632,7 +745,7 @@ impl ChunkWriter {
         match (self.api, suffix) {
             (Api::Chat, "chunk") => "chat.completion.chunk",
             (Api::Chat, _) => "chat.completion",
-            (Api::Completions, _) => "text_completion",
+            (_, _) => "text_completion",
         }
     }
 
@@ -666,7 +779,7 @@ impl ChunkWriter {
                 }
                 json!({"index": 0, "message": message, "logprobs": null, "finish_reason": reply.finish_reason.as_str()})
             }
-            Api::Completions => {
+            _ => {
                 json!({"index": 0, "text": reply.content(), "logprobs": null, "finish_reason": reply.finish_reason.as_str()})
             }
         };

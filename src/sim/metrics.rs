@@ -89,6 +89,12 @@ pub(crate) struct Metrics {
     pub generation_tokens: AtomicU64,
     /// Requests pushed back to waiting for lack of KV blocks.
     pub preemptions: AtomicU64,
+    /// Responses API conversations kept for `previous_response_id`.
+    pub responses_stored: AtomicU64,
+    /// Bytes those conversations hold.
+    pub responses_stored_bytes: AtomicU64,
+    /// Conversations forgotten (or never kept) for the store's bound.
+    pub responses_evicted: AtomicU64,
     /// Finished requests by reason: stop, length, tool_calls, abort.
     pub finished: [AtomicU64; 4],
     /// Time to first token.
@@ -130,6 +136,9 @@ impl Metrics {
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
+            responses_stored: AtomicU64::new(0),
+            responses_stored_bytes: AtomicU64::new(0),
+            responses_evicted: AtomicU64::new(0),
             finished: Default::default(),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
@@ -217,6 +226,24 @@ impl Metrics {
             "vllm:num_preemptions_total",
             "Cumulative number of preemptions.",
             &self.preemptions,
+        );
+        gauge(
+            &mut out,
+            "agentrace_sim_responses_stored",
+            "Responses API conversations kept for previous_response_id.",
+            self.responses_stored.load(Relaxed).to_string(),
+        );
+        gauge(
+            &mut out,
+            "agentrace_sim_responses_stored_bytes",
+            "Bytes of the kept Responses API conversations.",
+            self.responses_stored_bytes.load(Relaxed).to_string(),
+        );
+        counter(
+            &mut out,
+            "agentrace_sim_responses_evicted_total",
+            "Responses API conversations forgotten for the store's bound.",
+            &self.responses_evicted,
         );
         let _ = writeln!(
             out,

@@ -5,6 +5,9 @@
 //!
 //! - `config`: profiles, the TOML format, validation.
 //! - `api`: lenient request types.
+//! - `messages`, `responses`: Anthropic Messages and OpenAI Responses requests read into the
+//!   chat form every API is planned from, and replies written in their wire format.
+//! - `response_store`: the bounded conversations behind `previous_response_id`.
 //! - `render`: chat template → pseudo-tokens → chained block hashes.
 //! - `kv`: the block pool with prefix caching.
 //! - `cost`: the step latency model.
@@ -23,9 +26,12 @@ pub(crate) mod engine;
 pub(crate) mod generate;
 pub(crate) mod http;
 pub(crate) mod kv;
+pub(crate) mod messages;
 pub(crate) mod metrics;
 pub(crate) mod oracle;
 pub(crate) mod render;
+pub(crate) mod response_store;
+pub(crate) mod responses;
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -285,6 +291,11 @@ pub fn start_with_oracle(
             created_base,
             next_seq: AtomicU64::new(0),
             shutdown: shutdown.clone(),
+            responses: Arc::new(response_store::ResponseStore::new(
+                config.responses_store_max,
+                config.responses_store_max_bytes,
+                metrics.clone(),
+            )),
         });
         cluster.tasks.push(tokio::spawn(engine.run()));
         cluster.tasks.push(tokio::spawn(http::serve(

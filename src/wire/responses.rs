@@ -163,12 +163,18 @@ pub(crate) fn reply_json(response: &Value) -> Option<Value> {
     Some(m)
 }
 
-/// The assistant message of a stream: from its `response.completed` event, which carries the
-/// whole response.
+/// The assistant message of a stream: from its `response.completed` (or `.incomplete`) event,
+/// which carries the whole response.
 pub(crate) fn reply_sse(body: &[u8]) -> Option<Value> {
     super::sse::data_of_events(body)
         .filter_map(|d| serde_json::from_slice::<Value>(d).ok())
-        .filter(|ev| ev.get("type").and_then(Value::as_str) == Some("response.completed"))
+        .filter(|ev| {
+            // A reply the output cap cut ends with `response.incomplete` instead.
+            matches!(
+                ev.get("type").and_then(Value::as_str),
+                Some("response.completed" | "response.incomplete")
+            )
+        })
         .last()
         .and_then(|ev| reply_json(ev.get("response")?))
 }

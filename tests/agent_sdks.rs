@@ -1,0 +1,234 @@
+//! Real agent clients end to end: the official `anthropic` SDK (a streamed, tool-using
+//! Messages loop) and the official `openai` SDK (a Responses loop chained by
+//! `previous_response_id`, with function calls, streamed and unstreamed) drive the proxy
+//! binary with its recorder over two simulated replicas; then the capture is exported,
+//! validated and replayed, all through the binary. Invariants:
+//! - every turn of a Responses chain is answered by the replica that created the previous
+//!   response, and a Messages session (pinned by its conversation's fingerprint) leaves its
+//!   replica only by a move the proxy counts;
+//! - every turn sent is exported, under its conversation, with the right `source_api`;
+//! - the exported dataset validates and replays with no failed turn.
+//!
+//! The SDKs come from `scripts/python-sdks.sh`; when it cannot install them the test says it
+//! skipped, unless `AGENTRACE_REQUIRE_SDKS` is set (as CI sets it): then it fails.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use agentrace::sim::SimConfig;
+use serde_json::Value;
+use support::proxy_process::ProxyProcess;
+use support::sim::{test_config, Sim};
+
+const SESSIONS: usize = 3;
+const TURNS: usize = 4;
+
+/// The SDK venv's python, or `None` (after saying so) when it cannot be installed.
+fn sdk_python(test: &str) -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join("scripts/python-sdks.sh"))
+        .output()
+        .expect("scripts/python-sdks.sh runs");
+    if out.status.success() {
+        return Some(PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()));
+    }
+    let why = String::from_utf8_lossy(&out.stderr);
+    let why = why.lines().last().unwrap_or("no output").to_string();
+    if std::env::var_os("AGENTRACE_REQUIRE_SDKS").is_some() {
+        panic!("{test}: AGENTRACE_REQUIRE_SDKS is set but the SDKs did not install: {why}");
+    }
+    support::skip(test, &format!("scripts/python-sdks.sh failed: {why}"));
+    None
+}
+
+/// Runs one loop script and returns its per-turn JSON lines.
+async fn run_loop(python: &Path, script: &str, base_url: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
+    let run = tokio::process::Command::new(python)
+        .arg(path)
+        .arg(base_url)
+        .arg(SESSIONS.to_string())
+        .arg(TURNS.to_string())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("{script} did not finish within 120 s"))
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The binary with `args`, which must succeed; its standard output.
+fn agentrace(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(args)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "agentrace {args:?}:\n{said}");
+    said
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
+    let test = "sdk_agent_loops_stay_on_one_replica_and_export_every_turn";
+    let Some(python) = sdk_python(test) else {
+        return;
+    };
+    let sim = Sim::start(
+        SimConfig {
+            time_scale: 0.01,
+            ..test_config()
+        },
+        2,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("capture");
+    let backends: Vec<String> = (0..2)
+        .map(|i| format!("sim-{i}=http://{}", sim.addr(i)))
+        .collect();
+    let proxy = ProxyProcess::spawn(&[
+        "--backend",
+        &backends[0],
+        "--backend",
+        &backends[1],
+        "--capture",
+        capture.to_str().unwrap(),
+    ])
+    .await;
+    let base = format!("http://{}", proxy.addr);
+    let mut turns = run_loop(&python, "anthropic_loop.py", &base).await;
+    turns.extend(run_loop(&python, "openai_responses_loop.py", &format!("{base}/v1")).await);
+    assert_eq!(turns.len(), 2 * SESSIONS * TURNS);
+    let failed: Vec<&Value> = turns.iter().filter(|t| t.get("failed").is_some()).collect();
+    assert!(failed.is_empty(), "turns that failed: {failed:?}");
+
+    let mut pods: BTreeMap<(String, u64), BTreeSet<String>> = BTreeMap::new();
+    for t in &turns {
+        let key = (
+            t["api"].as_str().unwrap().to_string(),
+            t["session"].as_u64().unwrap(),
+        );
+        pods.entry(key)
+            .or_default()
+            .insert(t["pod"].as_str().unwrap().to_string());
+    }
+    let admin = support::sim::get(proxy.admin.parse().unwrap(), "/metrics").await;
+    let metrics = String::from_utf8(admin.body()).unwrap();
+    let moved = |reason: &str| -> usize {
+        let line = format!("agentrace_affinity_moves_total{{reason=\"{reason}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    // A Responses chain must stay where its responses are stored, or its next turn fails. A
+    // Messages session may leave only on evidence the proxy counts: here, with no cache lost
+    // and no backend failing, only a queue-wait estimate can move one.
+    let mut split = 0;
+    for ((api, session), on) in &pods {
+        assert!(
+            on.len() == 1 || api == "messages",
+            "{api} session {session} went to {on:?}"
+        );
+        split += on.len() - 1;
+    }
+    assert_eq!(moved("cache_lost") + moved("failed") + moved("removed"), 0);
+    assert!(
+        split <= moved("queue_wait"),
+        "{split} Messages sessions split, {} moves counted: {pods:?}",
+        moved("queue_wait")
+    );
+    assert!(turns.iter().any(|t| t["tool_use"] == true));
+    assert!(turns.iter().any(|t| t["function_calls"].as_u64() > Some(0)));
+
+    // SIGTERM: the proxy drains and the recorder finishes its files.
+    let killed = Command::new("kill")
+        .args(["-TERM", &proxy.pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut child = proxy.child;
+    tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the proxy exits within 30 s of SIGTERM")
+        .unwrap();
+
+    let dataset = dir.path().join("agents.jsonl");
+    let exported = agentrace(&[
+        "capture",
+        "export",
+        capture.to_str().unwrap(),
+        "--out",
+        dataset.to_str().unwrap(),
+    ]);
+    let rows: Vec<Value> = std::fs::read_to_string(&dataset)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        exported.contains(&format!("{} client turns", 2 * SESSIONS * TURNS)),
+        "{exported}"
+    );
+    for api in ["messages", "responses"] {
+        let of_api: Vec<&Value> = rows.iter().filter(|r| r["source_api"] == api).collect();
+        let conversations: BTreeSet<&str> = of_api
+            .iter()
+            .map(|r| r["conversation_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(conversations.len(), SESSIONS, "{api}: {conversations:?}");
+        // Client rows carry the API; each is one turn sent, and each has its reply.
+        assert_eq!(of_api.len(), SESSIONS * TURNS, "{api}: turns exported");
+        let replies = rows
+            .iter()
+            .filter(|r| r["role"] == "assistant")
+            .filter(|r| conversations.contains(r["conversation_id"].as_str().unwrap()))
+            .count();
+        assert_eq!(replies, SESSIONS * TURNS, "{api}: replies exported");
+    }
+    let validated = agentrace(&["dataset", "validate", dataset.to_str().unwrap()]);
+    assert!(validated.contains("valid"), "{validated}");
+
+    let out = dir.path().join("replay");
+    let target = format!("http://{}", sim.addr(0));
+    let replayed = agentrace(&[
+        "replay",
+        "--no-progress",
+        "--dataset",
+        dataset.to_str().unwrap(),
+        "--target",
+        &target,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let issued = 2 * SESSIONS * TURNS;
+    assert!(
+        replayed.contains(&format!("issued {issued} ok {issued} ")),
+        "{replayed}"
+    );
+    assert!(
+        replayed.contains(&format!("failures      0 of {issued} turns")),
+        "{replayed}"
+    );
+    sim.stop().await;
+}
