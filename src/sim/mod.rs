@@ -13,6 +13,8 @@
 //! - `oracle`: recognises replayed dataset turns and answers with the recorded reply.
 //! - `http`: routes, faults, SSE.
 //! - `metrics`: per-replica vLLM-named metrics.
+//! - `profile`, `profile_probe`, `profile_fit`: `agentrace sim calibrate`: a profile
+//!   measured on a real engine, and `--profile NAME|FILE`.
 //! - `cli`: `agentrace sim`.
 
 pub(crate) mod api;
@@ -25,6 +27,9 @@ pub(crate) mod http;
 pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod oracle;
+pub mod profile;
+pub(crate) mod profile_fit;
+pub(crate) mod profile_probe;
 pub(crate) mod render;
 
 use std::io::Write as _;
