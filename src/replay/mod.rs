@@ -12,6 +12,7 @@ pub(crate) mod per_target;
 pub(crate) mod report;
 pub(crate) mod scheduler;
 pub mod scorer;
+pub mod slo;
 pub mod sweep;
 
 use std::path::Path;
