@@ -110,9 +110,10 @@ pub(crate) async fn calibrate(
     let fit = Fit::new(&m.prefill, &m.decode)?;
     let pre = fit.prefill_residuals(&m.prefill);
     let dec = fit.decode_residuals(&m.decode);
-    let mut config = SimConfig::default();
-    config.profile = super::DEFAULT_PROFILE.to_string();
-    config.model = described.model.clone();
+    let mut config = SimConfig {
+        model: described.model.clone(),
+        ..SimConfig::default()
+    };
     fit.apply(&mut config.engine);
     if let Some(slots) = described.slots {
         config.engine.max_num_seqs = slots;
@@ -190,20 +191,22 @@ mod tests {
 
     #[test]
     fn a_rendered_profile_reads_back_as_the_same_config() {
-        let mut cfg = SimConfig::default();
+        let mut cfg = SimConfig {
+            calibration: Some(Calibration {
+                target: "http://127.0.0.1:1".into(),
+                requests: 40,
+                prompt_tokens_min: 60,
+                prompt_tokens_max: 2000,
+                batch_max: 4,
+                kv_source: "llama.cpp /props".into(),
+                prefill_rms_ms: 1.5,
+                prefill_max_error_pct: 7.0,
+                decode_rms_ms: 0.2,
+                decode_max_error_pct: 4.0,
+            }),
+            ..SimConfig::default()
+        };
         cfg.engine.decode_us_per_seq = 1234.5;
-        cfg.calibration = Some(Calibration {
-            target: "http://127.0.0.1:1".into(),
-            requests: 40,
-            prompt_tokens_min: 60,
-            prompt_tokens_max: 2000,
-            batch_max: 4,
-            kv_source: "llama.cpp /props".into(),
-            prefill_rms_ms: 1.5,
-            prefill_max_error_pct: 7.0,
-            decode_rms_ms: 0.2,
-            decode_max_error_pct: 4.0,
-        });
         let text = render(&cfg, &["measured".into()]).unwrap();
         let back = SimConfig::from_toml_str(&text, "profile.toml").unwrap();
         assert_eq!(back, cfg);

@@ -222,6 +222,7 @@ fn nonnegative_fit(rows: &[(Vec<f64>, f64)], what: &'static str) -> Result<Vec<f
 
 /// Ordinary least squares by the normal equations (a handful of terms, well scaled by
 /// column normalisation); `None` when the samples do not determine the coefficients.
+#[allow(clippy::needless_range_loop)] // Gauss-Jordan reads rows by index while writing others.
 fn least_squares(rows: &[(Vec<f64>, f64)]) -> Option<Vec<f64>> {
     let k = rows.first()?.0.len();
     if rows.len() < k {
