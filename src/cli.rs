@@ -78,6 +78,12 @@ pub(crate) enum Command {
   agentrace demo
   agentrace demo --quick --out runs")]
     Demo(crate::demo::DemoArgs),
+    /// Find the replica count that meets an SLO, per placement policy, from recorded traffic
+    /// and a simulator profile.
+    #[command(after_help = "Examples:
+  agentrace sim calibrate --target http://127.0.0.1:8000 --out profile.toml
+  agentrace plan --captures captures/ --profile profile.toml --replicas 1..8 --slo ttft_p90=2s,interactivity=30")]
+    Plan(crate::plan::PlanArgs),
     /// Print a completion script for a shell to stdout.
     #[command(after_help = "Examples:
   agentrace completions bash > ~/.local/share/bash-completion/completions/agentrace
@@ -104,7 +110,7 @@ pub fn main() -> ExitCode {
     }
     // The demo prints its own narrative; its servers' routine logs would drown it.
     let default_level = match cli.command {
-        Command::Demo(_) => "warn",
+        Command::Demo(_) | Command::Plan(_) => "warn",
         _ => "info",
     };
     crate::telemetry::init(cli.log_format, default_level);
@@ -128,6 +134,7 @@ pub fn main() -> ExitCode {
             Command::Sweep(args) => crate::replay::cli::run_sweep(args).await,
             Command::Capture(cmd) => crate::capture::cli::run(cmd).await,
             Command::Demo(args) => crate::demo::run(args).await,
+            Command::Plan(args) => crate::plan::run(args).await,
             Command::Completions { .. } | Command::Docs(_) => unreachable!("handled above"),
         }
     });

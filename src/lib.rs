@@ -44,6 +44,7 @@
 //!   metrics, scorer and report; plus the Pareto sweep and the open-loop replay of a capture.
 //! - [`sim`]: the simulated inference server (engine loop, KV block pool, cost model, SSE).
 //! - [`demo`]: composes the above in one process to show what affinity is worth.
+//! - [`plan`]: composes them per replica count and policy to find what meets an SLO.
 //! - [`cli`], [`shutdown`], `telemetry`: process edges shared by every command.
 //! - `remote`: an http(s) server this process connects to: the one URL parser and the one
 //!   TLS client configuration of the proxy's upstream, the replay client and the endpoint picker.
@@ -66,6 +67,7 @@ pub mod demo;
 pub mod epp;
 pub(crate) mod http1;
 pub(crate) mod http_body;
+pub mod plan;
 pub mod proxy;
 pub(crate) mod random;
 pub(crate) mod remote;

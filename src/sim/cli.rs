@@ -8,7 +8,11 @@ use super::config::{MidStreamFault, ResponderKind, SimConfig};
 
 /// Flags of `agentrace sim`; each one wins over the same field of `--config`.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct SimArgs {
+    /// `calibrate`: measure a real engine instead of serving.
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
     /// Number of independent replicas, on consecutive ports.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
@@ -21,10 +25,51 @@ pub(crate) struct SimArgs {
     pub settings: Box<SimSettings>,
 }
 
+/// What `agentrace sim` does besides serving.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum SimCommand {
+    /// Measure a real OpenAI-compatible engine (prefill and decode rates, KV capacity, slots)
+    /// and write a simulator profile that `--profile FILE` reads.
+    Calibrate(CalibrateArgs),
+}
+
+/// Flags of `agentrace sim calibrate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CalibrateArgs {
+    /// Base URL of the engine (`http://host:port`).
+    #[arg(long)]
+    pub target: String,
+    /// Where the profile (TOML) is written.
+    #[arg(long, default_value = "profile.toml")]
+    pub out: PathBuf,
+    /// Refuse to start when the measurement needs more chat requests than this.
+    #[arg(long, default_value_t = 64)]
+    pub max_requests: usize,
+    /// Longest prompt measured, tokens; the plan warns beyond it.
+    #[arg(long, default_value_t = 2048)]
+    pub max_prompt_tokens: u64,
+    /// Tokens each decode stream generates.
+    #[arg(long, default_value_t = 32)]
+    pub decode_tokens: u64,
+    /// Measurements of each prefill point.
+    #[arg(long, default_value_t = 2)]
+    pub repeats: usize,
+    /// Largest batch measured when the engine states no slot count.
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// Model to ask for [default: the first of the engine's `/v1/models`].
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Deadline of each request, seconds.
+    #[arg(long, default_value_t = 120.0)]
+    pub timeout_s: f64,
+}
+
 /// Profile, config file and per-field overrides of `agentrace sim`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct SimSettings {
-    /// Hardware profile: h100-qwen3-30b-a3b-bf16 (default) or h200-qwen3-30b-a3b-fp8.
+    /// Hardware profile: h100-qwen3-30b-a3b-bf16 (default), h200-qwen3-30b-a3b-fp8, or a
+    /// profile file written by `agentrace sim calibrate`.
     #[arg(long)]
     pub profile: Option<String>,
     /// TOML file with any SimConfig field (its `profile` is the base).
@@ -89,13 +134,14 @@ impl SimSettings {
             (Some(path), profile) => {
                 let mut cfg = SimConfig::from_file(path)?;
                 if let Some(p) = profile {
-                    let base = SimConfig::from_profile(p)?;
+                    let base = super::profile::resolve(p)?;
                     cfg.engine = base.engine;
                     cfg.profile = base.profile;
+                    cfg.calibration = base.calibration;
                 }
                 cfg
             }
-            (None, Some(p)) => SimConfig::from_profile(p)?,
+            (None, Some(p)) => super::profile::resolve(p)?,
             (None, None) => SimConfig::default(),
         };
         macro_rules! set {
@@ -134,8 +180,11 @@ impl SimSettings {
     }
 }
 
-/// Runs the simulated replicas until a shutdown signal.
+/// Runs the simulated replicas until a shutdown signal, or `sim calibrate`.
 pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
+    if let Some(SimCommand::Calibrate(c)) = args.command {
+        return calibrate(c).await;
+    }
     if args.replicas == 0 {
         eprintln!("error: --replicas: must be >= 1, got 0");
         return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
@@ -168,6 +217,38 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
     tracing::info!("shutting down");
     trigger.fire();
     cluster.join().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agentrace sim calibrate`: measures, fits, writes the profile, prints the fit.
+async fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context as _;
+    if args.repeats == 0 || args.max_batch == 0 || args.decode_tokens < 2 {
+        eprintln!("error: --repeats and --max-batch must be >= 1 and --decode-tokens >= 2");
+        return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
+    }
+    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
+        eprintln!("error: --timeout-s: must be > 0, got {}", args.timeout_s);
+        return Ok(ExitCode::from(crate::telemetry::EXIT_CONFIG));
+    }
+    let opts = super::profile_probe::ProbeOptions {
+        target: args.target.clone(),
+        model: args.model.clone(),
+        max_prompt_tokens: args.max_prompt_tokens.max(16),
+        decode_tokens: args.decode_tokens,
+        repeats: args.repeats,
+        max_batch: args.max_batch,
+        max_requests: args.max_requests,
+        timeout: std::time::Duration::from_secs_f64(args.timeout_s),
+    };
+    let calibrated = super::profile::calibrate(opts, &|line| eprintln!("{line}")).await?;
+    let text = super::profile::render(&calibrated.config, &calibrated.header)?;
+    std::fs::write(&args.out, text)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    for line in &calibrated.header {
+        println!("{line}");
+    }
+    println!("profile written to {}", args.out.display());
     Ok(ExitCode::SUCCESS)
 }
 

@@ -50,6 +50,10 @@ pub struct SimConfig {
     pub responder: ResponderConfig,
     /// Failure injection for tests.
     pub faults: FaultConfig,
+    /// Where `agentrace sim calibrate` measured this profile and how well its fit holds;
+    /// absent in hand-written configs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<super::profile::Calibration>,
 }
 
 /// Scheduler limits, KV capacity and cost-model constants (see the simulated-backend doc §6–7).
@@ -84,6 +88,9 @@ pub struct EngineConfig {
     pub prefill_us_per_token: f64,
     /// Context length at which attention costs as much as the linear layers, tokens.
     pub attention_equal_context: f64,
+    /// Compute time of each running sequence in a decode step, µs: what a compute-bound
+    /// engine (a CPU, a small model) pays per sequence where a GPU pays almost nothing.
+    pub decode_us_per_seq: f64,
 }
 
 /// Which responder writes the replies.
@@ -231,6 +238,7 @@ impl SimConfig {
             experts_total: 128,
             prefill_us_per_token: 20.0,
             attention_equal_context: 16_000.0,
+            decode_us_per_seq: 0.0,
         };
         let engine = match name {
             "h100-qwen3-30b-a3b-bf16" => h100,
@@ -259,6 +267,7 @@ impl SimConfig {
             engine,
             responder: ResponderConfig::default(),
             faults: FaultConfig::default(),
+            calibration: None,
         })
     }
 
@@ -435,6 +444,12 @@ impl SimConfig {
             "responses_store_max_bytes",
             "must be > 0 when responses_store_max is",
             self.responses_store_max_bytes,
+        )?;
+        check(
+            nonneg(e.decode_us_per_seq),
+            "engine.decode_us_per_seq",
+            "must be >= 0",
+            e.decode_us_per_seq,
         )?;
         let r = &self.responder;
         check(

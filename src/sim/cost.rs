@@ -13,6 +13,7 @@ pub(crate) struct CostModel {
     experts_ms: f64,
     expert_miss: f64,
     kv_ms_per_token: f64,
+    seq_ms: f64,
 }
 
 impl CostModel {
@@ -27,6 +28,7 @@ impl CostModel {
             experts_ms: e.expert_weight_bytes * ms_per_byte,
             expert_miss: 1.0 - f64::from(e.experts_per_token) / f64::from(e.experts_total),
             kv_ms_per_token: e.kv_bytes_per_token * ms_per_byte,
+            seq_ms: e.decode_us_per_seq / 1e3,
         }
     }
 
@@ -43,7 +45,10 @@ impl CostModel {
             return 0.0;
         }
         let activated = 1.0 - self.expert_miss.powi(batch.min(i32::MAX as usize) as i32);
-        self.dense_ms + self.experts_ms * activated + context as f64 * self.kv_ms_per_token
+        self.dense_ms
+            + self.experts_ms * activated
+            + context as f64 * self.kv_ms_per_token
+            + batch as f64 * self.seq_ms
     }
 
     /// A whole step: the fixed cost, the decode term and every prefill chunk `(u, c)`.

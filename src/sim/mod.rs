@@ -16,6 +16,8 @@
 //! - `oracle`: recognises replayed dataset turns and answers with the recorded reply.
 //! - `http`: routes, faults, SSE.
 //! - `metrics`: per-replica vLLM-named metrics.
+//! - `profile`, `profile_probe`, `profile_fit`: `agentrace sim calibrate`: a profile
+//!   measured on a real engine, and `--profile NAME|FILE`.
 //! - `cli`: `agentrace sim`.
 
 pub(crate) mod api;
@@ -29,6 +31,9 @@ pub(crate) mod kv;
 pub(crate) mod messages;
 pub(crate) mod metrics;
 pub(crate) mod oracle;
+pub mod profile;
+pub(crate) mod profile_fit;
+pub(crate) mod profile_probe;
 pub(crate) mod render;
 pub(crate) mod response_store;
 pub(crate) mod responses;
