@@ -444,7 +444,7 @@ impl Exchange {
                 })
                 .collect(),
         };
-        let excluded = self.selected(headers, &pool, excluded)?;
+        let excluded = self.selected(self.headers(), &pool, excluded)?;
         let candidates = || {
             (0..pool.backends.len())
                 .filter(|i| !excluded.contains(i))

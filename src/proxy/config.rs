@@ -334,6 +334,12 @@ pub struct AffinityConfig {
     /// if that holds less, or with no room anywhere to the one furthest over its cache (0
     /// turns this off).
     pub lost_cache_share: f64,
+    /// A known session leaves for a shorter queue only when its backend's learnt queue wait
+    /// is at least this long, besides longer than the session's prefill elsewhere: answers'
+    /// fixed costs (a scheduling step, the network) differ between idle backends by a few
+    /// milliseconds, which would otherwise read as a queue worth a cache (0: no floor).
+    /// Scale it with a simulator's time scale.
+    pub min_queue_wait_ms: f64,
     /// Each backend's KV cache in tokens (a backend of weight `w` holds `w` times this), or 0
     /// when unknown: where a session that lost its cache has room to move to.
     pub kv_cache_tokens: u64,
@@ -483,6 +489,7 @@ impl Default for AffinityConfig {
             choices: 3,
             active_secs: 20.0,
             lost_cache_share: 0.5,
+            min_queue_wait_ms: 250.0,
             kv_cache_tokens: 0,
         }
     }
@@ -700,6 +707,12 @@ impl ProxyConfig {
             return bad(format!(
                 "affinity.lost_cache_share: must be 0 to 1, got {}",
                 a.lost_cache_share
+            ));
+        }
+        if !(a.min_queue_wait_ms.is_finite() && a.min_queue_wait_ms >= 0.0) {
+            return bad(format!(
+                "affinity.min_queue_wait_ms: must be a number >= 0, got {}",
+                a.min_queue_wait_ms
             ));
         }
         Ok(())

@@ -87,7 +87,8 @@ fn queue_waits(pool: &Pool) -> Vec<Option<f64>> {
 
 /// The backend a known session of `bytes` on backend `from` costs less on, if the evidence
 /// says one does: its queue wait plus the prefill there of the session's whole context is
-/// shorter than the queue wait on `from`. Only backends that take new sessions and are not in
+/// shorter than the queue wait on `from`, and that wait is at least the pool's
+/// `min_queue_wait_secs`. Only backends that take new sessions and are not in
 /// `tried` are candidates; one with nothing learnt is never chosen, and nothing learnt of
 /// `from` means it keeps the session.
 pub(super) fn cheaper_elsewhere(
@@ -97,7 +98,7 @@ pub(super) fn cheaper_elsewhere(
     tried: &[usize],
 ) -> Option<usize> {
     let waits = queue_waits(pool);
-    let stay = waits[from]?;
+    let stay = waits[from].filter(|&w| w >= pool.affinity.min_queue_wait_secs)?;
     let mut best: Option<(f64, usize)> = None;
     for (i, b) in pool.backends.iter().enumerate() {
         if i == from || tried.contains(&i) || !b.takes_new() {

@@ -270,6 +270,8 @@ pub(crate) struct AffinitySettings {
     /// Below this share of the previous prompt served from cache, a session's cache counts as
     /// lost on its backend (0: never judged).
     pub lost_cache_share: f64,
+    /// The shortest queue wait that is evidence for moving a known session, in seconds.
+    pub min_queue_wait_secs: f64,
     /// `affinity.kv_cache_tokens` (0: unknown).
     pub kv_cache_tokens: u64,
 }
@@ -289,6 +291,7 @@ impl AffinitySettings {
             context_factor: c.context_factor,
             choices: c.choices,
             lost_cache_share: c.lost_cache_share,
+            min_queue_wait_secs: c.min_queue_wait_ms / 1000.0,
             kv_cache_tokens: c.kv_cache_tokens,
         }
     }
@@ -389,6 +392,7 @@ pub(crate) fn pool_of(names: &[&str], load_factor: f64) -> Pool {
             context_factor: 0.0,
             choices: 1,
             lost_cache_share: 0.5,
+            min_queue_wait_secs: 0.0,
             kv_cache_tokens: 0,
         },
         health: HealthConfig::default(),

@@ -1030,3 +1030,25 @@ fn a_session_leaves_a_queue_only_when_the_wait_outlasts_its_prefill_elsewhere() 
         "100,000 tokens take 10 s on b"
     );
 }
+
+/// Idle backends differ in the fixed cost of an answer by milliseconds; below
+/// `min_queue_wait_secs` that difference is no queue, so no session leaves its cache for it,
+/// however short its prefill elsewhere. The same session moves once the wait passes the floor.
+#[test]
+fn a_wait_below_the_floor_moves_no_session() {
+    let mut pool = pool_of(&["a", "b"], 0.0);
+    pool.affinity.min_queue_wait_secs = 0.25;
+    let r = router(pool);
+    let pool = r.pool();
+    let key = key_homed_on(&pool, 0, "idle");
+    route_turn(&r, &key, LATER_TURN);
+    // a takes 60 ms for what b does in 20 ms: 40 ms of "queue", far more than a 4 ms prefill.
+    learn(&pool.backends[0], 8, 200, 60);
+    learn(&pool.backends[1], 8, 200, 20);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!((d.index, d.moved), (0, None), "40 ms is below the floor");
+
+    learn(&pool.backends[0], 64, 200, 2_000);
+    let d = route_turn(&r, &key, LATER_TURN);
+    assert_eq!(d.moved, Some(MoveReason::QueueWait), "2 s is above it");
+}
