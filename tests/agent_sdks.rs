@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use agentrace::sim::SimConfig;
 use serde_json::Value;
+use support::engine::Engine;
 use support::proxy_process::ProxyProcess;
 use support::sim::{test_config, Sim};
 
@@ -45,8 +46,9 @@ fn sdk_python(test: &str) -> Option<PathBuf> {
     None
 }
 
-/// Runs one loop script and returns its per-turn JSON lines.
-async fn run_loop(python: &Path, script: &str, base_url: &str) -> Vec<Value> {
+/// Runs one loop script (with `options` after its positional arguments) and returns its
+/// per-turn JSON lines.
+async fn run_loop(python: &Path, script: &str, base_url: &str, options: &[&str]) -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/sdk")
         .join(script);
@@ -55,6 +57,7 @@ async fn run_loop(python: &Path, script: &str, base_url: &str) -> Vec<Value> {
         .arg(base_url)
         .arg(SESSIONS.to_string())
         .arg(TURNS.to_string())
+        .args(options)
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(120), run)
@@ -116,8 +119,16 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
     ])
     .await;
     let base = format!("http://{}", proxy.addr);
-    let mut turns = run_loop(&python, "anthropic_loop.py", &base).await;
-    turns.extend(run_loop(&python, "openai_responses_loop.py", &format!("{base}/v1")).await);
+    let mut turns = run_loop(&python, "anthropic_loop.py", &base, &[]).await;
+    turns.extend(
+        run_loop(
+            &python,
+            "openai_responses_loop.py",
+            &format!("{base}/v1"),
+            &[],
+        )
+        .await,
+    );
     assert_eq!(turns.len(), 2 * SESSIONS * TURNS);
     let failed: Vec<&Value> = turns.iter().filter(|t| t.get("failed").is_some()).collect();
     assert!(failed.is_empty(), "turns that failed: {failed:?}");
@@ -161,7 +172,112 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
     assert!(turns.iter().any(|t| t["tool_use"] == true));
     assert!(turns.iter().any(|t| t["function_calls"].as_u64() > Some(0)));
 
-    // SIGTERM: the proxy drains and the recorder finishes its files.
+    stop_proxy(proxy).await;
+    let dataset = dir.path().join("agents.jsonl");
+    export_and_validate(&capture, &dataset);
+    replay_without_failure(&dataset, &format!("http://{}", sim.addr(0)), dir.path());
+    sim.stop().await;
+}
+
+// The same two loops against two real llama-servers (tiny random-weight model). llama-server
+// keeps no responses and refuses `previous_response_id` with 400, so the Responses loop sends
+// its whole input every turn; it cannot build the grammar that a forced tool choice needs for
+// this model's vocabulary (400 again), so no turn forces a call, and as the model never
+// emits one the loops fabricate every tool exchange. Its Messages stream leaves out
+// `message_start` when the first sampled token is an incomplete UTF-8 piece (it sends no event
+// for that token, and only the event of token one carries `message_start`), which the SDK
+// cannot assemble; the random model samples such byte tokens often, so the servers never
+// sample a byte token above 0x7F. llama-server sends no replica header: which server
+// answered comes from the capture's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_agent_loops_against_llama_server_keep_sessions_on_one_server_and_export_every_turn() {
+    let test = "sdk_agent_loops_against_llama_server";
+    let Some((server, model)) = support::engine::artefacts(test) else {
+        return;
+    };
+    let Some(python) = sdk_python(test) else {
+        return;
+    };
+    // A server-wide grammar would do too, but a request with tools replaces it.
+    let ascii: Vec<String> = (0x80..=0xFF)
+        .flat_map(|b| ["--logit-bias".to_string(), format!("{}-inf", byte_token(b))])
+        .collect();
+    let ascii: Vec<&str> = ascii.iter().map(String::as_str).collect();
+    let engines = [
+        Engine::start_with(&server, &model, 2, &ascii).await,
+        Engine::start_with(&server, &model, 2, &ascii).await,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("capture");
+    let backends: Vec<String> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("llama-{i}={}", e.url()))
+        .collect();
+    let proxy = ProxyProcess::spawn(&[
+        "--backend",
+        &backends[0],
+        "--backend",
+        &backends[1],
+        "--capture",
+        capture.to_str().unwrap(),
+    ])
+    .await;
+    let base = format!("http://{}", proxy.addr);
+    let no_force = ["--no-forced-tools"];
+    let mut turns = run_loop(&python, "anthropic_loop.py", &base, &no_force).await;
+    let responses = format!("{base}/v1");
+    let stateless = ["--stateless", "--no-forced-tools"];
+    turns.extend(run_loop(&python, "openai_responses_loop.py", &responses, &stateless).await);
+    assert_eq!(turns.len(), 2 * SESSIONS * TURNS);
+    let failed: Vec<&Value> = turns.iter().filter(|t| t.get("failed").is_some()).collect();
+    assert!(failed.is_empty(), "turns that failed: {failed:?}");
+    stop_proxy(proxy).await;
+
+    // Per API: each proxy session key on one server, one key per conversation, and a
+    // first-token stamp on every streamed turn.
+    let records = support::capture::read_all(&capture);
+    for (path, api) in [("/v1/messages", "messages"), ("/v1/responses", "responses")] {
+        let mut on: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut streamed = 0;
+        for e in records.iter().filter(|e| e.record.path == path) {
+            let r = &e.record;
+            assert_eq!(
+                r.response.as_ref().map(|r| r.status),
+                Some(200),
+                "{api} {r:?}"
+            );
+            let session = r.session.clone().expect("every turn has a session key");
+            on.entry(session).or_default().insert(r.backend.clone());
+            let body: Value = serde_json::from_slice(e.request_body.as_ref().unwrap()).unwrap();
+            if body["stream"] == true {
+                streamed += 1;
+                assert!(r.t.first_token_us.is_some(), "{api}: no first token: {r:?}");
+            }
+        }
+        assert_eq!(on.len(), SESSIONS, "{api}: session keys {on:?}");
+        assert!(on.values().all(|b| b.len() == 1), "{api} moved: {on:?}");
+        let expected = if api == "messages" {
+            TURNS
+        } else {
+            TURNS.div_ceil(2)
+        };
+        assert_eq!(streamed, SESSIONS * expected, "{api}: streamed turns");
+    }
+
+    let dataset = dir.path().join("agents.jsonl");
+    export_and_validate(&capture, &dataset);
+    replay_without_failure(&dataset, &engines[0].url(), dir.path());
+}
+
+/// The tiny model's token for byte `b`: `scripts/tiny_gguf.py` puts its five special tokens
+/// first, then the 256 bytes in order.
+fn byte_token(b: u32) -> u32 {
+    5 + b
+}
+
+/// SIGTERM to the proxy, which must drain and let the recorder finish its files.
+async fn stop_proxy(proxy: ProxyProcess) {
     let killed = Command::new("kill")
         .args(["-TERM", &proxy.pid.to_string()])
         .status()
@@ -172,8 +288,11 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
         .await
         .expect("the proxy exits within 30 s of SIGTERM")
         .unwrap();
+}
 
-    let dataset = dir.path().join("agents.jsonl");
+/// `capture export` of every turn sent by both loops, each under its conversation with the
+/// right `source_api` and with its reply, then `dataset validate`.
+fn export_and_validate(capture: &Path, dataset: &Path) {
     let exported = agentrace(&[
         "capture",
         "export",
@@ -181,15 +300,15 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
         "--out",
         dataset.to_str().unwrap(),
     ]);
-    let rows: Vec<Value> = std::fs::read_to_string(&dataset)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     assert!(
         exported.contains(&format!("{} client turns", 2 * SESSIONS * TURNS)),
         "{exported}"
     );
+    let rows: Vec<Value> = std::fs::read_to_string(dataset)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     for api in ["messages", "responses"] {
         let of_api: Vec<&Value> = rows.iter().filter(|r| r["source_api"] == api).collect();
         let conversations: BTreeSet<&str> = of_api
@@ -208,27 +327,36 @@ async fn sdk_agent_loops_stay_on_one_replica_and_export_every_turn() {
     }
     let validated = agentrace(&["dataset", "validate", dataset.to_str().unwrap()]);
     assert!(validated.contains("valid"), "{validated}");
+}
 
-    let out = dir.path().join("replay");
-    let target = format!("http://{}", sim.addr(0));
-    let replayed = agentrace(&[
-        "replay",
-        "--no-progress",
-        "--dataset",
-        dataset.to_str().unwrap(),
-        "--target",
-        &target,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+/// `agentrace replay` of `dataset` at `target`: every turn of both loops ok, none failed.
+fn replay_without_failure(dataset: &Path, target: &str, dir: &Path) {
+    let out = dir.join("replay");
+    let run = Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(["replay", "--no-progress", "--dataset"])
+        .arg(dataset)
+        .args(["--target", target, "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let replayed = String::from_utf8_lossy(&run.stdout);
+    let errors: Vec<Value> = support::replay::events(&out)
+        .into_iter()
+        .filter(|e| e["event_type"] == "error.generic")
+        .take(3)
+        .collect();
+    let said = format!(
+        "{replayed}{}\nfirst errors: {errors:?}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(run.status.success(), "replay:\n{said}");
     let issued = 2 * SESSIONS * TURNS;
     assert!(
         replayed.contains(&format!("issued {issued} ok {issued} ")),
-        "{replayed}"
+        "{said}"
     );
     assert!(
         replayed.contains(&format!("failures      0 of {issued} turns")),
-        "{replayed}"
+        "{said}"
     );
-    sim.stop().await;
 }

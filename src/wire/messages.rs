@@ -54,11 +54,13 @@ pub(crate) fn is_token_event(t: &str, v: &Value) -> bool {
         )
 }
 
-/// A request as chat messages (the system prompt first) and the rest of its fields.
+/// A request as chat messages (the system prompt first) and the rest of its fields, its tools
+/// and tool choice in the chat form.
 pub(crate) fn to_chat(mut request: Map<String, Value>) -> Option<(Map<String, Value>, Vec<Value>)> {
     let Some(Value::Array(messages)) = request.shift_remove("messages") else {
         return None;
     };
+    tools_to_chat(&mut request);
     let mut out = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = request.shift_remove("system").as_ref().and_then(text_of) {
         out.push(json!({"role": "system", "content": system}));
@@ -72,6 +74,35 @@ pub(crate) fn to_chat(mut request: Map<String, Value>) -> Option<(Map<String, Va
         }
     }
     Some((request, out))
+}
+
+/// Rewrites `tools` and `tool_choice` in the chat form, as a replay sends them to a chat
+/// endpoint, which refuses a tool without `type: function` (llama-server answers 500). A
+/// server tool (no `input_schema`: web search, the text editor) has no chat form and is left
+/// out.
+fn tools_to_chat(request: &mut Map<String, Value>) {
+    if let Some(Value::Array(tools)) = request.get_mut("tools") {
+        *tools = tools
+            .iter()
+            .filter_map(|t| {
+                let mut function = Map::new();
+                function.insert("name".into(), t.get("name")?.clone());
+                if let Some(d) = t.get("description") {
+                    function.insert("description".into(), d.clone());
+                }
+                function.insert("parameters".into(), t.get("input_schema")?.clone());
+                Some(json!({"type": "function", "function": function}))
+            })
+            .collect();
+    }
+    if let Some(choice) = request.get_mut("tool_choice") {
+        *choice = match choice.get("type").and_then(Value::as_str) {
+            Some("any") => json!("required"),
+            Some("tool") => json!({"type": "function", "function": {"name": choice.get("name")}}),
+            Some("none") => json!("none"),
+            _ => json!("auto"),
+        };
+    }
 }
 
 /// A user message: its `tool_result` blocks as tool messages, then its text as a user message.
@@ -193,4 +224,31 @@ pub(crate) fn reply_sse(body: &[u8]) -> Option<Value> {
         }
     }
     assistant_message(&Value::Array(blocks))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_and_tool_choice_come_out_in_the_chat_form_a_chat_endpoint_accepts() {
+        let request = json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [
+                {"name": "read_file", "description": "Read", "input_schema": {"type": "object"}},
+                {"type": "web_search_20250305", "name": "web_search"},
+            ],
+            "tool_choice": {"type": "any"},
+        });
+        let Value::Object(request) = request else {
+            unreachable!()
+        };
+        let (rest, _) = to_chat(request).unwrap();
+        assert_eq!(
+            rest["tools"],
+            json!([{"type": "function", "function": {
+                "name": "read_file", "description": "Read", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(rest["tool_choice"], "required");
+    }
 }

@@ -53,6 +53,7 @@ pub(crate) fn is_token_event(t: &str) -> bool {
 /// `previous_response_id`, which the export uses to put the conversation back together.
 pub(crate) fn to_chat(mut request: Map<String, Value>) -> Option<(Map<String, Value>, Vec<Value>)> {
     let input = request.shift_remove("input")?;
+    tools_to_chat(&mut request);
     let mut out = Vec::new();
     if let Some(i) = request
         .shift_remove("instructions")
@@ -67,6 +68,28 @@ pub(crate) fn to_chat(mut request: Map<String, Value>) -> Option<(Map<String, Va
         _ => return None,
     }
     Some((request, out))
+}
+
+/// Rewrites `tools` and `tool_choice` in the chat form (the function's fields under
+/// `function`), as a replay sends them to a chat endpoint, which refuses a tool without it.
+/// A built-in tool (web search, file search) has no chat form and is left out.
+fn tools_to_chat(request: &mut Map<String, Value>) {
+    if let Some(Value::Array(tools)) = request.get_mut("tools") {
+        *tools = tools
+            .iter()
+            .filter(|t| t.get("type").and_then(Value::as_str) == Some("function"))
+            .filter_map(|t| {
+                let mut function = t.as_object()?.clone();
+                function.shift_remove("type");
+                Some(json!({"type": "function", "function": function}))
+            })
+            .collect();
+    }
+    if let Some(choice) = request.get_mut("tool_choice") {
+        if choice.get("type").and_then(Value::as_str) == Some("function") {
+            *choice = json!({"type": "function", "function": {"name": choice.get("name")}});
+        }
+    }
 }
 
 /// Appends `items` as chat messages; consecutive assistant items (text, reasoning, function
@@ -177,4 +200,34 @@ pub(crate) fn reply_sse(body: &[u8]) -> Option<Value> {
         })
         .last()
         .and_then(|ev| reply_json(ev.get("response")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_tools_and_a_named_tool_choice_come_out_in_the_chat_form() {
+        let request = json!({
+            "input": "hi",
+            "tools": [
+                {"type": "function", "name": "read_file", "parameters": {"type": "object"}},
+                {"type": "web_search"},
+            ],
+            "tool_choice": {"type": "function", "name": "read_file"},
+        });
+        let Value::Object(request) = request else {
+            unreachable!()
+        };
+        let (rest, _) = to_chat(request).unwrap();
+        assert_eq!(
+            rest["tools"],
+            json!([{"type": "function", "function": {
+                "name": "read_file", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(
+            rest["tool_choice"],
+            json!({"type": "function", "function": {"name": "read_file"}})
+        );
+    }
 }

@@ -3,7 +3,15 @@ the previous one by `previous_response_id`, answering the model's function calls
 `function_call_output` items. Even turns stream and force a call (tool_choice required), odd
 turns are unstreamed.
 
-Usage: openai_responses_loop.py BASE_URL SESSIONS TURNS. Prints one JSON line per turn with the
+Two options fit servers that offer less. `--stateless` sends the whole input every turn (the
+previous output items, then the call outputs) and no `previous_response_id`: llama-server
+keeps no responses and refuses that field with 400. A turn without a function call then gets
+a fabricated one, so the history always carries function_call/function_call_output pairs.
+`--no-forced-tools` never forces a call: llama-server cannot build the grammar forcing needs
+for a model whose vocabulary has no tool-call tokens.
+
+Usage: openai_responses_loop.py BASE_URL SESSIONS TURNS [--stateless] [--no-forced-tools].
+Prints one JSON line per turn with the
 session, turn, the replica that answered (x-inference-pod) and the client-measured TTFT; a turn
 whose previous response the answering replica does not hold prints `failed` with the status,
 and its session starts a new chain.
@@ -15,6 +23,8 @@ import time
 import openai
 
 base_url, sessions, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+stateless = "--stateless" in sys.argv[4:]
+forced_tools = "--no-forced-tools" not in sys.argv[4:]
 client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
 tools = [{
     "type": "function",
@@ -28,7 +38,8 @@ def turn(t, args, sent):
     """One request, streamed on even turns: the final response, the replica and the TTFT."""
     ttft = None
     if t % 2 == 0:
-        stream = client.responses.create(stream=True, tool_choice="required", **args)
+        choice = "required" if forced_tools else "auto"
+        stream = client.responses.create(stream=True, tool_choice=choice, **args)
         pod = stream.response.headers.get("x-inference-pod")
         final = None
         for event in stream:
@@ -50,7 +61,7 @@ for s in range(sessions):
     for t in range(turns):
         args = dict(model="sim", instructions=instructions, input=items, tools=tools,
                     max_output_tokens=48)
-        if previous:
+        if previous and not stateless:
             args["previous_response_id"] = previous
         try:
             final, pod, ttft = turn(t, args, time.monotonic())
@@ -62,7 +73,14 @@ for s in range(sessions):
             continue
         previous = final.id
         calls = [o for o in final.output if o.type == "function_call"]
-        if calls:
+        if stateless:
+            items += [o.model_dump(exclude_none=True) for o in final.output]
+            if not calls:
+                items.append({"type": "function_call", "call_id": f"call_local{s}x{t}",
+                              "name": "read_file", "arguments": '{"path": "Cargo.toml"}'})
+            ids = [c.call_id for c in calls] or [f"call_local{s}x{t}"]
+            items += [{"type": "function_call_output", "call_id": i, "output": "ok"} for i in ids]
+        elif calls:
             items = [{"type": "function_call_output", "call_id": c.call_id, "output": "ok"} for c in calls]
         else:
             items = [{"role": "user", "content": f"Turn {t}: go on."}]
