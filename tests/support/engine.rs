@@ -62,6 +62,16 @@ impl Engine {
     /// Starts one server with `slots` parallel sequences and prompt caching on, and waits
     /// until it says it listens and its `/health` answers 200.
     pub async fn start(server: &std::path::Path, model: &std::path::Path, slots: usize) -> Self {
+        Self::start_with(server, model, slots, &[]).await
+    }
+
+    /// As [`Engine::start`], with `extra` flags (e.g. `--ignore-eos`).
+    pub async fn start_with(
+        server: &std::path::Path,
+        model: &std::path::Path,
+        slots: usize,
+        extra: &[&str],
+    ) -> Self {
         let mut child = Command::new(server)
             .args(["--model"])
             .arg(model)
@@ -69,6 +79,7 @@ impl Engine {
             .args(["--ctx-size", &(8192 * slots).to_string()])
             .args(["--parallel", &slots.to_string(), "--threads", "1"])
             .args(["--alias", "tiny"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
