@@ -8,7 +8,8 @@
 //! round-robin loses it (more cached tokens, fewer prompt tokens processed); capture → export
 //! → replay sends the captured request bodies again, field by field, and the replayer's TTFT
 //! agrees with the proxy's record of the first content event; a server killed mid-run
-//! costs only the turns it held.
+//! costs only the turns it held; the plan's prediction stays within the bounds a loaded
+//! machine allows of a real two-replica run.
 
 mod support;
 
@@ -475,4 +476,200 @@ async fn at_concurrency_8_the_kv_size_comes_from_props_and_no_session_moves() {
     }
     assert_eq!(home.len(), 8);
     assert!(moves.is_empty(), "sessions moved: {moves:?}");
+}
+
+/// Runs the binary in `dir`; panics with its stderr when it fails.
+fn agentrace_in(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentrace"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "agentrace {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Workflow conversations cut for the tiny model (system prompts to 1500 characters, no tool
+/// schemas), every turn asking for `max_new` tokens: with `--ignore-eos` on the servers and
+/// the simulated replicas cutting the longer recorded replies, outputs match in length.
+fn short_workflow(dir: &std::path::Path, conversations: usize, max_new: u64) {
+    agentrace_in(
+        dir,
+        &[
+            "dataset",
+            "synth",
+            "--coding",
+            "0",
+            "--workflow",
+            &conversations.to_string(),
+            "--out",
+            "raw.jsonl",
+        ],
+    );
+    let raw = std::fs::read_to_string(dir.join("raw.jsonl")).unwrap();
+    let mut out = String::new();
+    for line in raw.lines() {
+        let mut row: Value = serde_json::from_str(line).unwrap();
+        let row_map = row.as_object_mut().unwrap();
+        if let Some(Value::String(system)) = row_map.get_mut("system") {
+            *system = system.chars().take(1500).collect();
+        }
+        row_map.remove("tools");
+        if row_map.get("role") == Some(&Value::from("user")) {
+            row_map.insert("max_new_tokens".into(), Value::from(max_new));
+        }
+        out.push_str(&row.to_string());
+        out.push('\n');
+    }
+    std::fs::write(dir.join("ds.jsonl"), out).unwrap();
+}
+
+// The plan's prediction against reality, small: calibrate one llama-server, plan two replicas
+// under session affinity at time scale 1, then replay the same dataset (same users, delays and
+// salt) through the real proxy in front of two fresh servers. Held here, on a loaded 2-core
+// machine: the prefix-cache hit (the replay's cached-token share on both sides) within 0.13
+// (measured 0.07-0.11: llama-server re-renders the history through its chat template and
+// keeps one cache per slot) and system tokens/s within 35 % (measured 14-22 %: the recorded
+// think and tool times set the pace on both sides). TTFT and the per-user rate are not within
+// any useful bound on the tiny model (the plan is 4-12x optimistic, see
+// docs/src/sim/plan.md): only their direction is held, the plan never slower than reality.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plan_predicts_a_real_two_replica_run_within_its_bounds() {
+    use agentrace::proxy::config::Policy;
+    let Some((server, model)) = artefacts("the_plan_predicts_a_real_run") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let conversations = 2;
+    short_workflow(dir, conversations, 8);
+    {
+        let engine = Engine::start_with(&server, &model, 2, &["--ignore-eos"]).await;
+        let url = engine.url();
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            agentrace_in(
+                &dir,
+                &[
+                    "sim",
+                    "calibrate",
+                    "--target",
+                    &url,
+                    "--model",
+                    "tiny",
+                    "--max-prompt-tokens",
+                    "1024",
+                    "--out",
+                    "profile.toml",
+                ],
+            )
+        })
+        .await
+        .unwrap();
+    }
+    let plan_dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        agentrace_in(
+            &plan_dir,
+            &[
+                "plan",
+                "--dataset",
+                "ds.jsonl",
+                "--profile",
+                "profile.toml",
+                "--replicas",
+                "2",
+                "--policies",
+                "affinity",
+                "--time-scale",
+                "1",
+                "--no-progress",
+                "--out",
+                "plan",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let plan: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("plan/plan.json")).unwrap()).unwrap();
+    let predicted = &plan["outcomes"][0];
+
+    let engines = [
+        Engine::start_with(&server, &model, 2, &["--ignore-eos"]).await,
+        Engine::start_with(&server, &model, 2, &["--ignore-eos"]).await,
+    ];
+    let mut config = support::capture::proxy_config(&[engines[0].addr, engines[1].addr]);
+    config.affinity.policy = Policy::Session;
+    let (stop, shutdown) = agentrace::shutdown::channel();
+    let proxy = agentrace::proxy::start(config, shutdown).await.unwrap();
+    let out = dir.join("real");
+    let ds = agentrace::dataset::load(
+        &dir.join("ds.jsonl"),
+        &agentrace::dataset::LoadOptions::default(),
+    )
+    .unwrap();
+    let s = agentrace::replay::run(
+        ReplayConfig {
+            target: format!("http://{}", proxy.addr).into(),
+            concurrency: conversations,
+            enable_salt: true,
+            inject_tool_delay: true,
+            progress: false,
+            model_params: Some(ModelParams {
+                name: "tiny".into(),
+                temperature: Some(0.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Arc::new(ds),
+        &out,
+        support::replay::no_shutdown(),
+    )
+    .await
+    .unwrap();
+    stop.fire();
+    proxy.join().await;
+    assert_eq!(s.failures, 0, "{:?}", failure_reasons(&out));
+    let real = summary_json(&out);
+    let real_hit = real["metrics"]["cached_token_ratio"].as_f64().unwrap();
+    let pairs = [
+        (
+            "prefix-cache hit",
+            predicted["prefix_cache_hit_rate"].as_f64().unwrap(),
+            real_hit,
+        ),
+        (
+            "system tokens/s",
+            predicted["system_tps"].as_f64().unwrap(),
+            s.system_tps,
+        ),
+        (
+            "per-user tokens/s",
+            predicted["interactivity"].as_f64().unwrap(),
+            s.e2e_interactivity,
+        ),
+        (
+            "TTFT p50 ms",
+            predicted["ttft_p50_ms"].as_f64().unwrap(),
+            s.ttft_p50_ms,
+        ),
+    ];
+    let table: Vec<String> = pairs
+        .iter()
+        .map(|(name, p, r)| format!("{name}: plan {p:.3}, real {r:.3}"))
+        .collect();
+    eprintln!("{}", table.join("; "));
+    let (_, p_hit, _) = pairs[0];
+    assert!((p_hit - real_hit).abs() <= 0.13, "{table:?}");
+    let (_, p_tps, r_tps) = pairs[1];
+    assert!((p_tps / r_tps - 1.0).abs() <= 0.35, "{table:?}");
+    let (_, p_user, r_user) = pairs[2];
+    assert!(p_user >= r_user * 0.85, "{table:?}");
+    let (_, p_ttft, r_ttft) = pairs[3];
+    assert!(p_ttft <= r_ttft * 1.15, "{table:?}");
 }

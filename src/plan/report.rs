@@ -74,12 +74,19 @@ pub(crate) fn savings(smallest: &[Smallest]) -> Vec<String> {
             .filter(|s| s.policy != "affinity" && s.kv_blocks == a.kv_blocks)
         {
             let line = match (a.replicas, o.replicas) {
-                (Some(x), Some(y)) => format!(
+                (Some(x), Some(y)) if x <= y => format!(
                     "affinity needs {x} replicas where {} needs {y} (KV {} blocks): saves {} ({:.0}%)",
                     o.policy,
                     a.kv_blocks,
-                    y as i64 - x as i64,
-                    100.0 * (y as f64 - x as f64) / y as f64
+                    y - x,
+                    100.0 * (y - x) as f64 / y as f64
+                ),
+                // A negative saving reads as nonsense: say what affinity costs instead.
+                (Some(x), Some(y)) => format!(
+                    "affinity needs {x} replicas where {} needs {y} (KV {} blocks): saves nothing, costs {} more",
+                    o.policy,
+                    a.kv_blocks,
+                    x - y
                 ),
                 (Some(x), None) => format!(
                     "affinity meets the SLO with {x} replicas; {} meets it with none of the counts tried (KV {} blocks)",
@@ -226,4 +233,33 @@ pub(crate) fn html(
         escape(&table(outcomes, slo))
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smallest(policy: &str, replicas: usize) -> Smallest {
+        Smallest {
+            policy: policy.to_string(),
+            kv_blocks: 64,
+            replicas: Some(replicas),
+        }
+    }
+
+    #[test]
+    fn affinity_needing_more_replicas_is_a_cost_not_a_negative_saving() {
+        let lines = savings(&[smallest("affinity", 2), smallest("round_robin", 1)]);
+        assert_eq!(
+            lines,
+            vec!["affinity needs 2 replicas where round_robin needs 1 (KV 64 blocks): saves nothing, costs 1 more"]
+        );
+        let lines = savings(&[smallest("affinity", 1), smallest("round_robin", 2)]);
+        assert_eq!(
+            lines,
+            vec![
+                "affinity needs 1 replicas where round_robin needs 2 (KV 64 blocks): saves 1 (50%)"
+            ]
+        );
+    }
 }

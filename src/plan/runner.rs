@@ -52,7 +52,8 @@ pub(crate) struct Outcome {
     pub user_tps_median: f64,
     /// Output tokens per second over all replicas.
     pub system_tps: f64,
-    /// Prefix-cache hit rate in tokens.
+    /// Cached prompt tokens over prompt tokens, from the replies' usage as the replay counts
+    /// them: the figure a replay against real engines reports, so the two compare directly.
     pub prefix_cache_hit_rate: f64,
     /// Turns answered.
     pub turns_ok: u64,
@@ -143,8 +144,7 @@ pub(crate) async fn run(
     sims.join().await;
     let s = summary.context("the replay failed")?;
     let k = shared.replay.time_scale;
-    let queries: u64 = stats.iter().map(|r| r.prefix_cache_queries).sum();
-    let hits: u64 = stats.iter().map(|r| r.prefix_cache_hits).sum();
+    let hit_rate = cached_token_ratio(dir)?;
     let outcome = Outcome {
         inputs_sha256: hash,
         replicas: c.replicas,
@@ -157,11 +157,7 @@ pub(crate) async fn run(
         interactivity: s.e2e_interactivity * k,
         user_tps_median: s.user_tps_median * k,
         system_tps: s.system_tps * k,
-        prefix_cache_hit_rate: if queries == 0 {
-            0.0
-        } else {
-            hits as f64 / queries as f64
-        },
+        prefix_cache_hit_rate: hit_rate,
         turns_ok: s.turns_ok,
         failures: s.failures,
         preemptions: stats.iter().map(|r| r.preemptions).sum(),
@@ -172,4 +168,14 @@ pub(crate) async fn run(
     )
     .with_context(|| format!("cannot write {}", dir.join("outcome.json").display()))?;
     Ok(outcome)
+}
+
+/// The replay's `cached_token_ratio` from the `result_summary.json` it wrote into `dir`
+/// (0 when no reply reported prompt tokens).
+fn cached_token_ratio(dir: &Path) -> anyhow::Result<f64> {
+    let path = dir.join("result_summary.json");
+    let text = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    Ok(doc["metrics"]["cached_token_ratio"].as_f64().unwrap_or(0.0))
 }

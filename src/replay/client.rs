@@ -328,7 +328,7 @@ impl TargetConnection {
     }
 
     /// Sends `request` and reads the whole response. `issued` receives the instant the write
-    /// of the request completed (before the write while it has not). Dropping the future closes nothing by itself: the
+    /// that completed the request began (the first write's, until then). Dropping the future closes nothing by itself: the
     /// caller drops the `TargetConnection` after a timeout so the server sees the disconnect.
     ///
     /// Fails with [`ClientError::TooLarge`] once the bytes read for this response, plus the
@@ -364,12 +364,24 @@ impl TargetConnection {
                 _ => ClientError::Io(e),
             }
         };
-        self.io
-            .write_all(request)
-            .await
-            .map_err(closed_while_idle)?;
+        // ISSUED is the instant the write that completes the request began: its bytes cannot
+        // have left before it, and a task that waits for a core after the write returns
+        // does not move it later than they did.
+        let mut sent = 0;
+        while sent < request.len() {
+            let began = Instant::now();
+            let n = self
+                .io
+                .write(&request[sent..])
+                .await
+                .map_err(closed_while_idle)?;
+            if n == 0 {
+                return Err(ClientError::Io(std::io::ErrorKind::WriteZero.into()));
+            }
+            sent += n;
+            *issued = Some(began);
+        }
         self.io.flush().await.map_err(closed_while_idle)?;
-        *issued = Some(Instant::now());
 
         let mut reader = ResponseReader {
             head_request,

@@ -65,7 +65,7 @@ impl Engine {
         Self::start_with(server, model, slots, &[]).await
     }
 
-    /// [`Engine::start`] with `extra` arguments for the server.
+    /// As [`Engine::start`], with `extra` flags for the server (e.g. `--ignore-eos`).
     pub async fn start_with(
         server: &std::path::Path,
         model: &std::path::Path,
