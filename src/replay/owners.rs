@@ -2,7 +2,7 @@
 //! that look alike differ threefold between owners (a p90 of per-turn rates against the
 //! inverse of a p90 of per-token times), so none is reported without its owner and formula.
 //!
-//! Same turn filter as [`super::metrics`] unless a section says otherwise: tracked (issued
+//! Same turn filter as `replay::metrics` unless a section says otherwise: tracked (issued
 //! inside the performance window), completed with a 200, not synthetic.
 
 use std::collections::BTreeMap;
