@@ -24,10 +24,10 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation::Mutation, processing_request::Request, processing_response::Response, HttpBody,
-    HttpHeaders, ImmediateResponse, ProcessingRequest, ProtocolConfiguration,
+    ImmediateResponse, ProcessingRequest,
 };
 use support::backends::TestBackend;
 use support::epp::{self as fixture, Stream};
@@ -141,33 +141,15 @@ async fn start(setup: Setup) -> Picker {
 /// A request's headers as the gateway sends them, announcing `body_mode`.
 fn headers(extra: &[(&str, &str)], end_of_stream: bool, body_mode: i32) -> ProcessingRequest {
     let mut all = vec![
-        (":method", "POST"),
-        (":path", "/v1/chat/completions"),
         (":authority", "gateway"),
         ("content-type", "application/json"),
     ];
     all.extend_from_slice(extra);
-    ProcessingRequest {
-        request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: all
-                    .iter()
-                    .map(|(k, v)| HeaderValue {
-                        key: k.to_string(),
-                        raw_value: v.as_bytes().to_vec(),
-                        ..HeaderValue::default()
-                    })
-                    .collect(),
-            }),
-            end_of_stream,
-            ..HttpHeaders::default()
-        })),
-        protocol_config: Some(ProtocolConfiguration {
-            request_body_mode: body_mode,
-            ..ProtocolConfiguration::default()
-        }),
-        ..ProcessingRequest::default()
+    let mut msg = fixture::headers_msg(&all, end_of_stream, None);
+    if let Some(config) = msg.protocol_config.as_mut() {
+        config.request_body_mode = body_mode;
     }
+    msg
 }
 
 fn body(chunk: &[u8], end_of_stream: bool) -> ProcessingRequest {
