@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, watch};
 use tonic::service::Routes;
 
 use super::listener::Conn;
+use crate::proxy::listener::spawn_worker_thread;
 use crate::shutdown::Shutdown;
 
 /// The worker threads serving the picker's connections.
@@ -29,42 +30,23 @@ impl Workers {
         let (cut, cut_rx) = watch::channel(false);
         let mut done = Vec::new();
         for (worker, conns) in conns.into_iter().enumerate() {
-            let (finished, finished_rx) = oneshot::channel();
             let (routes, mut shutdown, mut cut_rx) =
                 (routes.clone(), shutdown.clone(), cut_rx.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("agentrace-epp-{worker}"))
-                .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot start an epp worker runtime");
-                            return;
-                        }
-                    };
-                    runtime.block_on(async move {
-                        let serve = tonic::transport::Server::builder()
-                            .add_routes(routes)
-                            .serve_with_incoming_shutdown(
-                                conns,
-                                async move { shutdown.wait().await },
-                            );
-                        tokio::select! {
-                            result = serve => if let Err(e) = result {
-                                tracing::error!(error = %e, "epp gRPC server failed");
-                            },
-                            _ = cut_rx.wait_for(|cut| *cut) => {}
-                        }
-                    });
-                    // Dropping the runtime drops whatever streams are still open.
-                    drop(runtime);
-                    let _ = finished.send(());
+            let spawned =
+                spawn_worker_thread(format!("agentrace-epp-{worker}"), move || async move {
+                    let serve = tonic::transport::Server::builder()
+                        .add_routes(routes)
+                        .serve_with_incoming_shutdown(conns, async move { shutdown.wait().await });
+                    tokio::select! {
+                        result = serve => if let Err(e) = result {
+                            tracing::error!(error = %e, "epp gRPC server failed");
+                        },
+                        _ = cut_rx.wait_for(|cut| *cut) => {}
+                    }
+                    // Returning drops the runtime, and with it whatever streams are still open.
                 });
             match spawned {
-                Ok(_) => done.push(finished_rx),
+                Ok(finished_rx) => done.push(finished_rx),
                 Err(e) => tracing::error!(error = %e, "cannot start an epp worker thread"),
             }
         }

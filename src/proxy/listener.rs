@@ -155,35 +155,14 @@ pub(crate) async fn serve(
     let mut done = Vec::new();
     for worker in 0..workers.max(1) {
         let (handoff, connections) = mpsc::unbounded_channel::<Handoff>();
-        let (finished, finished_rx) = tokio::sync::oneshot::channel::<()>();
         let (tls, inner, shutdown) = (tls.clone(), inner.clone(), shutdown.clone());
         let open = Arc::new(AtomicUsize::new(0));
         let gauge = inner.metrics.worker_connections(worker);
-        let spawned = std::thread::Builder::new()
-            .name(format!("agentrace-proxy-{worker}"))
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot start a worker runtime");
-                        return;
-                    }
-                };
-                runtime.block_on(worker_loop(
-                    connections,
-                    worker,
-                    tls,
-                    inner,
-                    shutdown,
-                    grace,
-                ));
-                let _ = finished.send(());
-            });
+        let spawned = spawn_worker_thread(format!("agentrace-proxy-{worker}"), move || {
+            worker_loop(connections, worker, tls, inner, shutdown, grace)
+        });
         match spawned {
-            Ok(_) => {
+            Ok(finished_rx) => {
                 handoffs.push((handoff, open, gauge));
                 done.push(finished_rx);
             }
@@ -300,6 +279,36 @@ fn refuse_over_capacity(stream: &TcpStream, plain: bool) {
             break;
         }
     }
+}
+
+/// Starts thread `name` running `work` on a single-threaded runtime of its own, so a
+/// connection's tasks never wake one another across cores. The receiver resolves once the
+/// work has ended and its runtime, with whatever tasks it still held, is dropped.
+pub(crate) fn spawn_worker_thread<F, Fut>(
+    name: String,
+    work: F,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (finished, finished_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name(name).spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start a worker runtime");
+                return;
+            }
+        };
+        runtime.block_on(work());
+        drop(runtime);
+        let _ = finished.send(());
+    })?;
+    Ok(finished_rx)
 }
 
 /// Serves the connections handed to this worker until `shutdown` (or the accept loop ends),
