@@ -29,19 +29,6 @@ fi
 # shellcheck source=scripts/lib/bench-common.sh
 . scripts/lib/bench-common.sh
 
-address_in_log() {
-    for _ in $(seq 600); do
-        if grep -q "$2" "$1"; then
-            grep -o "$2[^ ]*" "$1" | head -1 | sed "s|$2||"
-            return
-        fi
-        sleep 0.1
-    done
-    echo "plan-vs-real.sh: '$2' never appeared in $1" >&2
-    tail -5 "$1" >&2
-    exit 1
-}
-
 start_engine() {
     "$AGENTRACE_LLAMA_SERVER" --model "$AGENTRACE_TINY_GGUF" --host 127.0.0.1 --port 0 \
         --jinja --metrics --parallel "$slots" --ctx-size $(( 8192 * slots )) --threads 1 \

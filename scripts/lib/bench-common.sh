@@ -1,7 +1,7 @@
 # Shared by the scripts/bench-*.sh that run agentrace beside other processes: sourced, not run.
 # Sets `bin` (AGENTRACE, else a release build made here), `work` (a temporary directory) and
 # `pids` (what the script started: stopped, and `work` removed, on exit), and defines
-# `free_port` and `wait_http URL`.
+# `free_port`, `wait_http URL` and `address_in_log LOG PREFIX`.
 bench_name="$(basename "$0")"
 bin="${AGENTRACE:-target/release/agentrace}"
 if [ -z "${AGENTRACE:-}" ]; then
@@ -28,5 +28,19 @@ wait_http() {
         sleep 0.1
     done
     echo "$bench_name: $1 never answered" >&2
+    exit 1
+}
+
+# Waits for "$2" in log "$1" and prints what follows it on that line (up to whitespace).
+address_in_log() {
+    for _ in $(seq 600); do
+        if grep -q "$2" "$1"; then
+            grep -o "$2[^ ]*" "$1" | head -1 | sed "s|$2||"
+            return
+        fi
+        sleep 0.1
+    done
+    echo "$bench_name: '$2' never appeared in $1" >&2
+    tail -5 "$1" >&2
     exit 1
 }
